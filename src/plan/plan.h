@@ -1,0 +1,111 @@
+// Plan: the flat contract between the planner (CPU, no CUDA) and the executors (CPU reference
+// executor, CUDA kernels). Plain arrays only, so it can be copied to fixed-capacity device buffers.
+//
+// Vocabulary (DESIGN.md §3):
+//   virtual node (vnode)  a group of queries that read one contiguous piece of context together:
+//                         the tokens of tree nodes top..node (a path), in root->leaf order.
+//   segment               one tree node's tokens inside a vnode's context.
+//   work item             (vnode, context chunk [kv_begin, kv_begin+kv_len), query tile, tile class).
+//                         Items are head-agnostic: an executor runs every item once per KV head
+//                         (num_kv_heads x items in all); a tile of q_count queries is q_count*g rows.
+//   partial row           one fp32 output row [Hq, d] + LSE [Hq] written by an item for one of its
+//                         queries. Query i of an item's tile writes row out_row + i, unless the
+//                         query is direct (its whole path is covered by this one item), in which
+//                         case the item writes the final output O[query] itself.
+//   merge map             for each non-direct query, the partial rows to combine (LSE-weighted).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace fasttree {
+
+// One query/KV tile shape the kernels are instantiated for.
+struct TileClass {
+  int q_rows = 64;   // query rows per tile (queries x GQA heads): the kernel's M
+  int kv_tile = 64;  // KV tokens per tile: the kernel's N
+};
+
+inline constexpr int kMaxTileClasses = 4;
+
+enum class EdgePolicy {
+  kGreedy,   // paper Alg. 1 with the cost model below
+  kAllZero,  // ablation "no greedy": every node is its own virtual node (split KV everywhere)
+  kAllOne,   // ablation: every query re-reads its whole path (per-request grouping)
+};
+
+// Every constant of the planner. Defaults are the paper's H100 constants until calibrated.
+struct PlannerConfig {
+  // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
+  // SplitKV pays gamma per query that gets one more partial result.
+  double alpha = 0.66;
+  double beta = 0.33;
+  double gamma = 0.1;
+  // Tile classes, any order; a vnode with R = nQ*g query rows uses the smallest class with
+  // q_rows >= R, or the largest class when none is that large.
+  std::array<TileClass, kMaxTileClasses> tile_classes{{{64, 64}, {16, 64}, {0, 0}, {0, 0}}};
+  int num_tile_classes = 2;
+  EdgePolicy edges = EdgePolicy::kGreedy;
+  // Context splitting: chunks are made so that total work spreads over num_sms * split_waves
+  // items of equal length, never shorter than min_chunk tokens (nor longer than max_chunk when
+  // max_chunk > 0). split = false keeps every vnode's context in one chunk (ablation "no split").
+  bool split = true;
+  int num_sms = 132;
+  double split_waves = 1.0;
+  int64_t min_chunk = 256;
+  int64_t max_chunk = 0;
+};
+
+struct PlanSegment {
+  int64_t slot_offset;  // index into KvTree::slots of the segment's first token
+  int32_t token_begin;  // offset of the segment inside its vnode's context
+  int32_t len;          // tokens (> 0; empty tree nodes produce no segment)
+};
+
+struct PlanItem {
+  int32_t vnode;
+  int32_t kv_begin;    // first context token (vnode coordinates)
+  int32_t kv_len;      // > 0
+  int32_t q_begin;     // index into Plan::vnode_queries
+  int32_t q_count;     // queries in this tile (rows = q_count * g)
+  int32_t tile_class;  // index into PlannerConfig::tile_classes
+  int32_t out_row;     // partial row of the tile's first query
+  int32_t pad_ = 0;
+};
+
+struct Plan {
+  int num_queries = 0;
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  std::array<TileClass, kMaxTileClasses> tile_classes{};
+  int num_tile_classes = 0;
+
+  // Virtual nodes.
+  std::vector<int32_t> vnode_node;       // [V] lowest tree node of the vnode's context
+  std::vector<int32_t> vnode_len;        // [V] context tokens
+  std::vector<int32_t> vnode_seg_begin;  // [V+1] CSR into segments
+  std::vector<PlanSegment> segments;
+  std::vector<int32_t> vnode_q_begin;    // [V+1] CSR into vnode_queries
+  std::vector<int32_t> vnode_queries;    // query ids of each vnode's group
+
+  // Work items, longest (kv_len) first.
+  std::vector<PlanItem> items;
+  std::array<int32_t, kMaxTileClasses> items_per_class{};
+
+  // Merge map.
+  int32_t num_partial_rows = 0;
+  std::vector<uint8_t> query_direct;     // [Q] 1: a single item writes O[q] directly
+  std::vector<int32_t> merge_begin;      // [Q+1] CSR into merge_rows (empty for direct queries)
+  std::vector<int32_t> merge_rows;
+
+  // Planner decisions, kept for inspection and tests: edge of each tree node to its parent
+  // (1 = concatenated into the child's vnode), and the vnode id of each node (-1 = no work).
+  std::vector<uint8_t> node_edge;
+  std::vector<int32_t> node_vnode;
+
+  int num_vnodes() const { return static_cast<int>(vnode_node.size()); }
+  int num_items() const { return static_cast<int>(items.size()); }
+  int g() const { return num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0; }
+};
+
+}  // namespace fasttree
