@@ -1,0 +1,70 @@
+#include "apps/cli_common.h"
+
+#include "core/error.h"
+#include "core/tree_gen.h"
+#include "core/tree_io.h"
+
+namespace fasttree {
+
+void add_tree_source(CLI::App& cmd, TreeSource& src, bool required) {
+  auto* tree = cmd.add_option("--tree", src.tree_file, "Tree file (JSON or the artifact's text format)");
+  auto* levels = cmd.add_option("--levels", src.levels, "Paper level spec: nodes per level, e.g. 1,16,64");
+  auto* lens = cmd.add_option("--lens", src.lens, "Tokens per node of each level, e.g. 1024,256,32");
+  tree->excludes(levels)->excludes(lens);
+  levels->needs(lens);
+  lens->needs(levels);
+  (void)required;
+}
+
+KvTree make_tree(const TreeSource& src) {
+  if (!src.tree_file.empty()) return load_tree(src.tree_file);  // validated by the reader
+  FT_CHECK(!src.levels.empty(), "give a tree: --tree FILE or --levels A,B,.. --lens X,Y,..");
+  const auto counts = parse_int_list(src.levels, "--levels");
+  const auto lens = parse_int_list(src.lens, "--lens");
+  KvTree t = tree_from_levels(counts, lens);
+  validate_tree(t);
+  return t;
+}
+
+void add_head_options(CLI::App& cmd, HeadOptions& opt) {
+  cmd.add_option("--heads", opt.heads, "Query heads / KV heads, e.g. 32/8")->capture_default_str();
+  cmd.add_option("--head-dim", opt.head_dim, "Head dimension")->capture_default_str();
+}
+
+AttnShape make_shape(const HeadOptions& opt) {
+  const auto slash = opt.heads.find('/');
+  FT_CHECK(slash != std::string::npos, "--heads must look like QO/KV (e.g. 32/8), got '" + opt.heads + "'");
+  const auto qo = parse_int_list(opt.heads.substr(0, slash), "--heads (query heads)");
+  const auto kv = parse_int_list(opt.heads.substr(slash + 1), "--heads (KV heads)");
+  FT_CHECK(qo.size() == 1 && kv.size() == 1, "--heads must look like QO/KV (e.g. 32/8), got '" + opt.heads + "'");
+  FT_CHECK(qo[0] <= 1024 && kv[0] <= 1024, "--heads: at most 1024 heads");
+  FT_CHECK(opt.head_dim > 0 && opt.head_dim <= 1024, "--head-dim must be in [1, 1024]");
+  AttnShape s{static_cast<int>(qo[0]), static_cast<int>(kv[0]), opt.head_dim};
+  s.validate();
+  return s;
+}
+
+void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
+  cmd.add_option("--edges", opt.edges, "Edge policy: greedy | zero (ablation: no greedy) | one (every query re-reads its path)")
+      ->check(CLI::IsMember({"greedy", "zero", "one"}))
+      ->capture_default_str();
+  cmd.add_flag("--no-split", opt.no_split, "Ablation: never split a context into chunks");
+  cmd.add_option("--num-sms", opt.num_sms, "SMs the plan spreads work over")->capture_default_str();
+  cmd.add_option("--alpha", opt.alpha, "Cost model alpha (query padding)");
+  cmd.add_option("--beta", opt.beta, "Cost model beta (KV padding)");
+  cmd.add_option("--gamma", opt.gamma, "Cost model gamma (per extra partial)");
+}
+
+PlannerConfig make_planner_config(const PlannerOptions& opt) {
+  PlannerConfig cfg;
+  cfg.edges = opt.edges == "zero" ? EdgePolicy::kAllZero : opt.edges == "one" ? EdgePolicy::kAllOne : EdgePolicy::kGreedy;
+  cfg.split = !opt.no_split;
+  FT_CHECK(opt.num_sms > 0 && opt.num_sms <= 4096, "--num-sms must be in [1, 4096]");
+  cfg.num_sms = opt.num_sms;
+  if (opt.alpha >= 0) cfg.alpha = opt.alpha;
+  if (opt.beta >= 0) cfg.beta = opt.beta;
+  if (opt.gamma >= 0) cfg.gamma = opt.gamma;
+  return cfg;
+}
+
+}  // namespace fasttree

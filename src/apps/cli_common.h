@@ -1,0 +1,40 @@
+// Options shared by several subcommands: where the tree comes from, head configuration, planner
+// switches. Each add_* registers the options on a subcommand; the matching make_* turns the parsed
+// values into library objects (throwing fasttree::Error on bad values).
+#pragma once
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/attention_shape.h"
+#include "core/kv_tree.h"
+#include "plan/plan.h"
+
+namespace fasttree {
+
+struct TreeSource {
+  std::string tree_file;
+  std::string levels;
+  std::string lens;
+};
+void add_tree_source(CLI::App& cmd, TreeSource& src, bool required = true);
+// Loads (JSON or artifact text) or generates the tree, and validates it.
+KvTree make_tree(const TreeSource& src);
+
+struct HeadOptions {
+  std::string heads = "32/8";
+  int head_dim = 128;
+};
+void add_head_options(CLI::App& cmd, HeadOptions& opt);
+AttnShape make_shape(const HeadOptions& opt);
+
+struct PlannerOptions {
+  std::string edges = "greedy";
+  bool no_split = false;
+  int num_sms = 132;
+  double alpha = -1, beta = -1, gamma = -1;
+};
+void add_planner_options(CLI::App& cmd, PlannerOptions& opt);
+PlannerConfig make_planner_config(const PlannerOptions& opt);
+
+}  // namespace fasttree

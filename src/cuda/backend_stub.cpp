@@ -1,0 +1,15 @@
+// Built when nvcc is not found: the CUDA backend reports itself as unavailable.
+#include "cuda/backend.h"
+
+namespace fasttree {
+
+bool cuda_backend_built() { return false; }
+int cuda_device_count() { return 0; }
+
+void cuda_attention(const Plan&, const KvTree&, const AttnShape&, KvDType, std::span<const float>,
+                    std::span<const float>, std::span<const float>, float, std::span<float>,
+                    std::span<float>) {
+  FT_FAIL("CUDA backend not available: this binary was built without nvcc");
+}
+
+}  // namespace fasttree

@@ -1,0 +1,60 @@
+// FastTree planner (DESIGN.md §3): greedy edge assignment with the cost model, virtual nodes,
+// context splitting and query tiles into work items (longest first), and the merge map.
+//
+//   Planner planner(config);
+//   planner.build(tree, shape, plan);   // tree must satisfy validate_tree(); plan buffers reused
+//
+// build() is O(nodes + queries + items + partials) plus one sort of the items, and allocates
+// nothing once the planner's workspace and the plan's buffers have grown to the tree's size.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/attention_shape.h"
+#include "core/kv_tree.h"
+#include "plan/plan.h"
+
+namespace fasttree {
+
+// Pad(TS, N) = TS - ((N-1) mod TS + 1), Pad(TS, 0) = 0: rows (or columns) of padding when N items
+// are laid out in tiles of TS.
+int64_t tile_pad(int64_t ts, int64_t n);
+
+// Index of the tile class used by a vnode with `rows` query rows (queries x g).
+int choose_tile_class(const PlannerConfig& cfg, int64_t rows);
+// Queries per tile of class `cls` at GQA ratio g (at least 1).
+int queries_per_tile(const PlannerConfig& cfg, int cls, int g);
+
+// The paper's matrix-multiply cost Cmm(nQ, nK) for the tile class that nQ queries select.
+double cmm_cost(const PlannerConfig& cfg, int g, int64_t nq, int64_t nk);
+
+class Planner {
+ public:
+  explicit Planner(PlannerConfig config = {});
+  void build(const KvTree& tree, const AttnShape& shape, Plan& plan);
+  const PlannerConfig& config() const { return config_; }
+  PlannerConfig& config() { return config_; }
+
+ private:
+  void assign_edges(const KvTree& tree, int g, Plan& plan);
+  void build_vnodes(const KvTree& tree, Plan& plan);
+  void build_items(int g, int num_kv_heads, Plan& plan);
+  void build_merge_map(Plan& plan);
+
+  PlannerConfig config_;
+  // Workspace (kept between builds so steady-state planning does not allocate).
+  TreeTopology topo_;
+  std::vector<int64_t> acc_len_;      // [n] context length of the node's potential vnode
+  std::vector<int32_t> group_q_;      // [n] queries left in the node's group
+  std::vector<int32_t> top_;          // [n] top node of the node's vnode context
+  std::vector<int32_t> preorder_;     // DFS preorder of nodes
+  std::vector<int32_t> pre_queries_;  // queries ordered by their node's preorder position
+  std::vector<int32_t> pre_qbegin_;   // [n] first index in pre_queries_ of the node's subtree
+  std::vector<int32_t> dfs_stack_;
+  std::vector<int32_t> path_scratch_;
+  std::vector<int32_t> vnode_chunks_;  // [V] chunks of each vnode's context
+  std::vector<int32_t> partials_;      // [Q] partial results per query
+  std::vector<int32_t> cursor_;        // [Q] fill cursor for the merge map
+};
+
+}  // namespace fasttree
