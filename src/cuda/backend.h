@@ -17,9 +17,46 @@ bool cuda_backend_built();
 int cuda_device_count();
 
 // Runs the plan on the GPU. Inputs are host fp32 arrays converted to `dtype` for the device;
-// shapes as in core/attention_shape.h. Throws fasttree::Error when the backend is not available.
+// shapes as in core/attention_shape.h (out fp32 [Q, Hq, d], lse fp32 [Q, Hq] or empty). Throws
+// fasttree::Error when the backend is not available. Allocates device memory for this call: an
+// engine keeps a CudaTreeAttention (cuda/tree_attention.h) and device tensors instead.
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                     std::span<const float> q, std::span<const float> k, std::span<const float> v,
                     float sm_scale, std::span<float> out, std::span<float> lse);
+
+// Knobs of the host-array entry points, for tests and tools.
+struct CudaRunOptions {
+  bool poison_outputs = false;   // fill device out/lse and the partial workspace with NaN first
+  bool use_graph = false;        // capture the launch sequence in a CUDA graph and replay it
+  int repeats = 1;               // run (or replay) this many times; the last result is returned
+  bool atomic_scheduler = true;  // false: persistent CTAs take units round-robin
+};
+
+void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                    std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                    float sm_scale, std::span<float> out, std::span<float> lse, const CudaRunOptions& options);
+
+// Per-request baseline (cuda/per_request.h): every query reads its whole path, no sharing.
+void cuda_attention_per_request(const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                                std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                                float sm_scale, std::span<float> out, std::span<float> lse,
+                                const CudaRunOptions& options = {});
+
+// Timing of one attention call on device-resident random inputs (CUDA events; the L2 cache is
+// flushed by writing a 256 MB buffer before every timed run). Times in microseconds.
+struct CudaTiming {
+  double median_us = 0;
+  double min_us = 0;
+  int runs = 0;
+};
+struct CudaTimingOptions {
+  int warmup = 10;
+  int iters = 50;
+  bool flush_l2 = true;
+  bool use_graph = false;        // time graph replays instead of plain launches
+  bool atomic_scheduler = true;
+};
+CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                          const CudaTimingOptions& options = {});
 
 }  // namespace fasttree

@@ -12,4 +12,20 @@ void cuda_attention(const Plan&, const KvTree&, const AttnShape&, KvDType, std::
   FT_FAIL("CUDA backend not available: this binary was built without nvcc");
 }
 
+void cuda_attention(const Plan&, const KvTree&, const AttnShape&, KvDType, std::span<const float>,
+                    std::span<const float>, std::span<const float>, float, std::span<float>,
+                    std::span<float>, const CudaRunOptions&) {
+  FT_FAIL("CUDA backend not available: this binary was built without nvcc");
+}
+
+void cuda_attention_per_request(const KvTree&, const AttnShape&, KvDType, std::span<const float>,
+                                std::span<const float>, std::span<const float>, float, std::span<float>,
+                                std::span<float>, const CudaRunOptions&) {
+  FT_FAIL("CUDA backend not available: this binary was built without nvcc");
+}
+
+CudaTiming cuda_time_plan(const Plan&, const KvTree&, const AttnShape&, KvDType, const CudaTimingOptions&) {
+  FT_FAIL("CUDA backend not available: this binary was built without nvcc");
+}
+
 }  // namespace fasttree

@@ -28,14 +28,65 @@ int queries_per_tile(const PlannerConfig& cfg, int cls, int g) {
   return std::max(1, cfg.tile_classes[cls].q_rows / g);
 }
 
-double cmm_cost(const PlannerConfig& cfg, int g, int64_t nq, int64_t nk) {
-  if (nq <= 0) return 0.0;
-  const int cls = choose_tile_class(cfg, nq * g);
-  const int64_t tsq = queries_per_tile(cfg, cls, g);
-  const int64_t tsk = cfg.tile_classes[cls].kv_tile;
-  return cfg.alpha * static_cast<double>(tile_pad(tsq, nq) * g * nk) +
-         cfg.beta * static_cast<double>(std::max<int64_t>(0, tsk - nk) * nq * g);
-}
+namespace {
+
+// The cost model with the tile classes pre-sorted by rows, so the greedy pass evaluates Cmm with
+// a few compares and one modulo.
+struct CostModel {
+  double alpha, beta;
+  int64_t g;
+  int n = 0;
+  int64_t rows[kMaxTileClasses], tsq[kMaxTileClasses], tsk[kMaxTileClasses];
+  uint32_t tsq_mask[kMaxTileClasses];  // tsq - 1 when tsq is a power of two (no division), else 0
+
+  CostModel(const PlannerConfig& cfg, int gqa) : alpha(cfg.alpha), beta(cfg.beta), g(gqa) {
+    int order[kMaxTileClasses];
+    for (int c = 0; c < cfg.num_tile_classes; ++c) {  // insertion sort by rows
+      int i = n++;
+      for (; i > 0 && cfg.tile_classes[order[i - 1]].q_rows > cfg.tile_classes[c].q_rows; --i) order[i] = order[i - 1];
+      order[i] = c;
+    }
+    for (int i = 0; i < n; ++i) {
+      rows[i] = cfg.tile_classes[order[i]].q_rows;
+      tsq[i] = queries_per_tile(cfg, order[i], gqa);
+      tsk[i] = cfg.tile_classes[order[i]].kv_tile;
+      tsq_mask[i] = (tsq[i] & (tsq[i] - 1)) == 0 ? static_cast<uint32_t>(tsq[i] - 1) : 0;
+    }
+  }
+  double cmm(int64_t nq, int64_t nk) const {
+    if (nq <= 0) return 0.0;
+    const int64_t r = nq * g;
+    int c = n - 1;
+    for (int i = 0; i < n - 1; ++i)
+      if (rows[i] >= r) {
+        c = i;
+        break;
+      }
+    const uint32_t m = static_cast<uint32_t>(nq - 1);
+    const int64_t rem = tsq_mask[c] || tsq[c] == 1 ? (m & tsq_mask[c]) : m % static_cast<uint32_t>(tsq[c]);
+    const int64_t pad = tsq[c] - (rem + 1);
+    const int64_t kv_pad = tsk[c] > nk ? tsk[c] - nk : 0;
+    return alpha * static_cast<double>(pad * g * nk) + beta * static_cast<double>(kv_pad * nq * g);
+  }
+};
+
+// Remembers the last Cmm evaluated at one call site.
+struct CmmMemo {
+  int64_t nq = -1, nk = -1;
+  double value = 0;
+  double get(const CostModel& cost, int64_t q, int64_t k) {
+    if (q != nq || k != nk) {
+      nq = q;
+      nk = k;
+      value = cost.cmm(q, k);
+    }
+    return value;
+  }
+};
+
+}  // namespace
+
+double cmm_cost(const PlannerConfig& cfg, int g, int64_t nq, int64_t nk) { return CostModel(cfg, g).cmm(nq, nk); }
 
 namespace {
 
@@ -50,7 +101,6 @@ void check_config(const PlannerConfig& c) {
   FT_CHECK(c.alpha >= 0 && c.beta >= 0 && c.gamma >= 0, "planner: alpha, beta, gamma must be >= 0");
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
@@ -77,6 +127,8 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
 // Paper Alg. 1: BFS from each root; for each child decide concatenate (1) or split KV (0).
 void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
   const int n = tree.num_nodes();
+  const CostModel cost(config_, g);
+  CmmMemo memo[4];
   plan.node_edge.assign(n, 0);
   acc_len_.assign(n, 0);
   group_q_.assign(n, 0);
@@ -102,8 +154,9 @@ void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
               break;
             }
             const int64_t nq_curr = group_q_[v];
-            const double split_q = cmm_cost(config_, g, nq_curr - nql, len_v) + cmm_cost(config_, g, nql, len_l + len_v);
-            const double split_kv = cmm_cost(config_, g, nq_curr, len_v) + cmm_cost(config_, g, nql, len_l) +
+            // Siblings usually repeat the same arguments (same group size, same lengths): memoized.
+            const double split_q = memo[0].get(cost, nq_curr - nql, len_v) + memo[1].get(cost, nql, len_l + len_v);
+            const double split_kv = memo[2].get(cost, nq_curr, len_v) + memo[3].get(cost, nql, len_l) +
                                     config_.gamma * static_cast<double>(nql);
             concat = split_kv >= split_q;
             break;
@@ -123,40 +176,30 @@ void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
 
 void Planner::build_vnodes(const KvTree& tree, Plan& plan) {
   const int n = tree.num_nodes();
+  const int nq = tree.num_queries();
   // Top of each node's context: follow concatenated edges upwards.
   top_.resize(n);
   for (int v : topo_.bfs_order) {
     const int p = tree.parent[v];
     top_[v] = (p >= 0 && plan.node_edge[v]) ? top_[p] : v;
   }
-  // DFS preorder makes every subtree's queries one contiguous range of pre_queries_.
-  preorder_.clear();
-  pre_queries_.clear();
-  pre_qbegin_.resize(n);
-  dfs_stack_.clear();
-  for (auto it = topo_.roots.rbegin(); it != topo_.roots.rend(); ++it) dfs_stack_.push_back(*it);
-  while (!dfs_stack_.empty()) {
-    const int v = dfs_stack_.back();
-    dfs_stack_.pop_back();
-    preorder_.push_back(v);
-    pre_qbegin_[v] = static_cast<int32_t>(pre_queries_.size());
-    for (int i = topo_.query_begin[v]; i < topo_.query_begin[v + 1]; ++i) pre_queries_.push_back(topo_.node_queries[i]);
-    for (int c = topo_.child_begin[v + 1] - 1; c >= topo_.child_begin[v]; --c) dfs_stack_.push_back(topo_.children[c]);
-  }
-
+  // Vnodes in node order; their query lists are laid out by a counting sort.
+  plan.node_vnode.resize(n);
   plan.vnode_node.clear();
   plan.vnode_len.clear();
   plan.vnode_seg_begin.assign(1, 0);
   plan.segments.clear();
   plan.vnode_q_begin.assign(1, 0);
-  plan.vnode_queries.clear();
-  plan.node_vnode.assign(n, -1);
-  for (int v : preorder_) {
-    if (group_q_[v] <= 0 || acc_len_[v] <= 0) continue;
+  for (int v = 0; v < n; ++v) {
+    if (group_q_[v] <= 0 || acc_len_[v] <= 0) {
+      plan.node_vnode[v] = -1;
+      continue;
+    }
     FT_CHECK(acc_len_[v] <= std::numeric_limits<int32_t>::max(), "planner: context of node " + std::to_string(v) + " exceeds 2^31 tokens");
     plan.node_vnode[v] = plan.num_vnodes();
     plan.vnode_node.push_back(v);
     plan.vnode_len.push_back(static_cast<int32_t>(acc_len_[v]));
+    plan.vnode_q_begin.push_back(plan.vnode_q_begin.back() + group_q_[v]);
     path_scratch_.clear();
     for (int u = v;; u = tree.parent[u]) {
       path_scratch_.push_back(u);
@@ -171,48 +214,59 @@ void Planner::build_vnodes(const KvTree& tree, Plan& plan) {
       tok += static_cast<int32_t>(len);
     }
     plan.vnode_seg_begin.push_back(static_cast<int32_t>(plan.segments.size()));
-    for (int i = topo_.query_begin[v]; i < topo_.query_begin[v + 1]; ++i) plan.vnode_queries.push_back(topo_.node_queries[i]);
-    for (int c = topo_.child_begin[v]; c < topo_.child_begin[v + 1]; ++c) {
-      const int l = topo_.children[c];
-      if (plan.node_edge[l]) continue;
-      const int32_t b = pre_qbegin_[l];
-      plan.vnode_queries.insert(plan.vnode_queries.end(), pre_queries_.begin() + b,
-                                pre_queries_.begin() + b + topo_.subtree_queries[l]);
+  }
+  // Query q is in the group of its own node and of every ancestor a whose edge towards q is 0.
+  plan.vnode_queries.resize(plan.vnode_q_begin.back());
+  cursor_.assign(plan.vnode_q_begin.begin(), plan.vnode_q_begin.end() - 1);
+  for (int q = 0; q < nq; ++q) {
+    int u = tree.query_node[q];
+    int vn = plan.node_vnode[u];
+    if (vn >= 0) plan.vnode_queries[cursor_[vn]++] = q;
+    for (int p = tree.parent[u]; p >= 0; u = p, p = tree.parent[p]) {
+      if (plan.node_edge[u]) continue;
+      vn = plan.node_vnode[p];
+      if (vn >= 0) plan.vnode_queries[cursor_[vn]++] = q;
     }
-    plan.vnode_q_begin.push_back(static_cast<int32_t>(plan.vnode_queries.size()));
   }
 }
 
 void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   const int nv = plan.num_vnodes();
-  // Total tile-tokens of work, to size the context chunks.
+  // Per vnode: tile class and query tiles; the total tile-tokens of work sizes the chunks.
+  // (Divisions are avoided on the common paths: they dominate planning time otherwise.)
+  vnode_cls_.resize(nv);
+  vnode_tiles_.resize(nv);
   double work = 0;
   for (int v = 0; v < nv; ++v) {
-    const int64_t nq = plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v];
-    const int cls = choose_tile_class(config_, nq * g);
-    work += static_cast<double>(ceil_div(nq, queries_per_tile(config_, cls, g))) * plan.vnode_len[v];
+    const int32_t nq = plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v];
+    const int cls = choose_tile_class(config_, static_cast<int64_t>(nq) * g);
+    const int32_t qpt = queries_per_tile(config_, cls, g);
+    const int32_t tiles = nq <= qpt ? 1 : (nq + qpt - 1) / qpt;
+    vnode_cls_[v] = static_cast<int8_t>(cls);
+    vnode_tiles_[v] = tiles;
+    work += static_cast<double>(tiles) * plan.vnode_len[v];
   }
   work *= num_kv_heads;
-  int64_t target = std::numeric_limits<int32_t>::max();
+  int32_t target = std::numeric_limits<int32_t>::max();
   if (config_.split) {
-    target = std::max<int64_t>(config_.min_chunk,
-                               static_cast<int64_t>(std::ceil(work / (config_.num_sms * config_.split_waves))));
-    if (config_.max_chunk > 0) target = std::min(target, config_.max_chunk);
+    int64_t t = std::max<int64_t>(config_.min_chunk, static_cast<int64_t>(std::ceil(work / (config_.num_sms * config_.split_waves))));
+    if (config_.max_chunk > 0) t = std::min(t, config_.max_chunk);
+    target = static_cast<int32_t>(std::min<int64_t>(t, target));
   }
 
-  vnode_chunks_.resize(nv);
+  vnode_chunk_len_.resize(nv);
   partials_.assign(plan.num_queries, 0);
   for (int v = 0; v < nv; ++v) {
-    const int64_t len = plan.vnode_len[v];
-    int64_t chunks = ceil_div(len, target);
-    if (chunks > 1) {
-      const int64_t nq = plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v];
-      const int64_t kv_tile = config_.tile_classes[choose_tile_class(config_, nq * g)].kv_tile;
-      const int64_t chunk_len = ceil_div(ceil_div(len, chunks), kv_tile) * kv_tile;
-      chunks = ceil_div(len, chunk_len);
+    const int32_t len = plan.vnode_len[v];
+    int32_t chunks = 1, chunk_len = len;
+    if (len > target) {  // even chunks, rounded up to whole KV tiles
+      const int32_t kv_tile = config_.tile_classes[vnode_cls_[v]].kv_tile;
+      chunks = (len + target - 1) / target;
+      chunk_len = ((len + chunks - 1) / chunks + kv_tile - 1) / kv_tile * kv_tile;
+      chunks = (len + chunk_len - 1) / chunk_len;
     }
-    vnode_chunks_[v] = static_cast<int32_t>(chunks);
-    for (int i = plan.vnode_q_begin[v]; i < plan.vnode_q_begin[v + 1]; ++i) partials_[plan.vnode_queries[i]] += static_cast<int32_t>(chunks);
+    vnode_chunk_len_[v] = chunk_len;
+    for (int i = plan.vnode_q_begin[v]; i < plan.vnode_q_begin[v + 1]; ++i) partials_[plan.vnode_queries[i]] += chunks;
   }
   plan.query_direct.resize(plan.num_queries);
   for (int q = 0; q < plan.num_queries; ++q) plan.query_direct[q] = partials_[q] == 1;
@@ -221,36 +275,32 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   plan.items_per_class.fill(0);
   int32_t rows = 0;
   for (int v = 0; v < nv; ++v) {
-    const int64_t len = plan.vnode_len[v];
+    const int32_t len = plan.vnode_len[v];
     const int32_t qb = plan.vnode_q_begin[v];
-    const int64_t nq = plan.vnode_q_begin[v + 1] - qb;
-    const int cls = choose_tile_class(config_, nq * g);
-    const int64_t tiles = ceil_div(nq, queries_per_tile(config_, cls, g));
-    const int64_t chunks = vnode_chunks_[v];
-    const int64_t kv_tile = config_.tile_classes[cls].kv_tile;
-    const int64_t chunk_len = chunks == 1 ? len : ceil_div(ceil_div(len, chunks), kv_tile) * kv_tile;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t kv_begin = c * chunk_len;
-      const int64_t kv_len = std::min(chunk_len, len - kv_begin);
-      int64_t q = 0;
-      for (int64_t t = 0; t < tiles; ++t) {  // tiles of near-equal size
-        const int64_t count = nq / tiles + (t < nq % tiles ? 1 : 0);
+    const int32_t nq = plan.vnode_q_begin[v + 1] - qb;
+    const int32_t tiles = vnode_tiles_[v];
+    const int32_t base = tiles == 1 ? nq : nq / tiles, extra = tiles == 1 ? 0 : nq - base * tiles;
+    const int32_t chunk_len = vnode_chunk_len_[v];
+    for (int32_t kv_begin = 0; kv_begin < len; kv_begin += chunk_len) {
+      int32_t q = qb;
+      for (int32_t t = 0; t < tiles; ++t) {  // tiles of near-equal size
+        const int32_t count = base + (t < extra ? 1 : 0);
         bool all_direct = true;
-        for (int64_t i = 0; i < count; ++i) all_direct &= plan.query_direct[plan.vnode_queries[qb + q + i]] != 0;
+        for (int32_t i = 0; i < count; ++i) all_direct &= plan.query_direct[plan.vnode_queries[q + i]] != 0;
         PlanItem item{};
         item.vnode = v;
-        item.kv_begin = static_cast<int32_t>(kv_begin);
-        item.kv_len = static_cast<int32_t>(kv_len);
-        item.q_begin = static_cast<int32_t>(qb + q);
-        item.q_count = static_cast<int32_t>(count);
-        item.tile_class = cls;
+        item.kv_begin = kv_begin;
+        item.kv_len = std::min(chunk_len, len - kv_begin);
+        item.q_begin = q;
+        item.q_count = count;
+        item.tile_class = vnode_cls_[v];
         item.out_row = all_direct ? -1 : rows;
-        if (!all_direct) rows += static_cast<int32_t>(count);
+        if (!all_direct) rows += count;
         plan.items.push_back(item);
-        ++plan.items_per_class[cls];
         q += count;
       }
     }
+    plan.items_per_class[vnode_cls_[v]] += tiles * ((len + chunk_len - 1) / chunk_len);
   }
   plan.num_partial_rows = rows;
 }
@@ -268,12 +318,26 @@ void Planner::build_merge_map(Plan& plan) {
       if (!plan.query_direct[q]) plan.merge_rows[cursor_[q]++] = it.out_row + i;
     }
   }
-  std::sort(plan.items.begin(), plan.items.end(), [](const PlanItem& a, const PlanItem& b) {
-    if (a.kv_len != b.kv_len) return a.kv_len > b.kv_len;
-    if (a.vnode != b.vnode) return a.vnode < b.vnode;
-    if (a.kv_begin != b.kv_begin) return a.kv_begin < b.kv_begin;
-    return a.q_begin < b.q_begin;
-  });
+  sort_items_longest_first(plan.items);
+}
+
+// Stable LSD radix sort on kv_len, descending: ties keep creation order (vnode, chunk, tile).
+// Only the bytes that occur in the largest kv_len are sorted on.
+void Planner::sort_items_longest_first(std::vector<PlanItem>& items) {
+  int32_t max_len = 0;
+  for (const PlanItem& it : items) max_len = std::max(max_len, it.kv_len);
+  items_scratch_.resize(items.size());
+  PlanItem* src = items.data();
+  PlanItem* dst = items_scratch_.data();
+  const size_t n = items.size();
+  for (int shift = 0; shift < 32 && (max_len >> shift) > 0; shift += 8) {
+    uint32_t count[257] = {};
+    for (size_t i = 0; i < n; ++i) ++count[255 - ((src[i].kv_len >> shift) & 0xff) + 1];
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (size_t i = 0; i < n; ++i) dst[count[255 - ((src[i].kv_len >> shift) & 0xff)]++] = src[i];
+    std::swap(src, dst);
+  }
+  if (src != items.data()) std::copy(src, src + n, items.data());
 }
 
 }  // namespace fasttree

@@ -40,6 +40,7 @@ class Planner {
   void build_vnodes(const KvTree& tree, Plan& plan);
   void build_items(int g, int num_kv_heads, Plan& plan);
   void build_merge_map(Plan& plan);
+  void sort_items_longest_first(std::vector<PlanItem>& items);
 
   PlannerConfig config_;
   // Workspace (kept between builds so steady-state planning does not allocate).
@@ -47,14 +48,13 @@ class Planner {
   std::vector<int64_t> acc_len_;      // [n] context length of the node's potential vnode
   std::vector<int32_t> group_q_;      // [n] queries left in the node's group
   std::vector<int32_t> top_;          // [n] top node of the node's vnode context
-  std::vector<int32_t> preorder_;     // DFS preorder of nodes
-  std::vector<int32_t> pre_queries_;  // queries ordered by their node's preorder position
-  std::vector<int32_t> pre_qbegin_;   // [n] first index in pre_queries_ of the node's subtree
-  std::vector<int32_t> dfs_stack_;
   std::vector<int32_t> path_scratch_;
-  std::vector<int32_t> vnode_chunks_;  // [V] chunks of each vnode's context
+  std::vector<int8_t> vnode_cls_;        // [V] tile class
+  std::vector<int32_t> vnode_tiles_;     // [V] query tiles
+  std::vector<int32_t> vnode_chunk_len_; // [V] context tokens per chunk
   std::vector<int32_t> partials_;      // [Q] partial results per query
-  std::vector<int32_t> cursor_;        // [Q] fill cursor for the merge map
+  std::vector<int32_t> cursor_;        // fill cursors (vnode query lists, merge map)
+  std::vector<PlanItem> items_scratch_;
 };
 
 }  // namespace fasttree

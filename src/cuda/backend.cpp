@@ -1,0 +1,234 @@
+// CUDA backend entry points on host arrays (runtime API only; never links libcuda directly).
+#include "cuda/backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/tree_gen.h"
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+#include "cuda/per_request.h"
+#include "cuda/tree_attention.h"
+
+namespace fasttree {
+
+namespace {
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    if (bytes > 0) FT_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) (void)cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { FT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { (void)cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
+// Executable graph of one att.run(...) captured on `stream`.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  template <class F>
+  Graph(cudaStream_t stream, F&& enqueue) {
+    FT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream, &g);
+      if (g != nullptr) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    FT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    FT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  ~Graph() {
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+};
+
+std::vector<uint16_t> to_dtype(std::span<const float> x, KvDType t) {
+  std::vector<uint16_t> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = t == KvDType::kF16 ? float_to_half(x[i]) : float_to_bf16(x[i]);
+  return y;
+}
+
+int64_t check_spans(const KvTree& tree, const AttnShape& shape, std::span<const float> q, std::span<const float> k,
+                    std::span<const float> v, std::span<float> out, std::span<float> lse) {
+  shape.validate();
+  const int64_t nq = tree.num_queries(), hq = shape.num_qo_heads, hkv = shape.num_kv_heads, d = shape.head_dim;
+  FT_CHECK(q.size() == static_cast<size_t>(nq * hq * d), "cuda_attention: q has " + str(q.size()) + " floats, expected " + str(nq * hq * d));
+  FT_CHECK(out.size() == q.size(), "cuda_attention: out has " + str(out.size()) + " floats, expected " + str(q.size()));
+  FT_CHECK(lse.empty() || lse.size() == static_cast<size_t>(nq * hq),
+           "cuda_attention: lse has " + str(lse.size()) + " floats, expected 0 or " + str(nq * hq));
+  FT_CHECK(k.size() % static_cast<size_t>(hkv * d) == 0 && v.size() == k.size(),
+           "cuda_attention: k/v sizes must be equal multiples of Hkv*d = " + str(hkv * d));
+  return static_cast<int64_t>(k.size()) / (hkv * d);
+}
+
+void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype, std::span<const float> q,
+                   std::span<const float> k, std::span<const float> v, float sm_scale, std::span<float> out,
+                   std::span<float> lse, const CudaRunOptions& options) {
+  FT_CHECK(cuda_device_count() > 0, "cuda_attention: no CUDA device available");
+  const int64_t num_slots = check_spans(tree, shape, q, k, v, out, lse);
+  FT_CHECK(options.repeats >= 1, "cuda_attention: repeats must be >= 1");
+  Stream st;
+  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(out.size() * 4), dlse(lse.size() * 4);
+  {
+    const std::vector<uint16_t> hq = to_dtype(q, dtype), hk = to_dtype(k, dtype), hv = to_dtype(v, dtype);
+    if (!hq.empty()) FT_CUDA_CHECK(cudaMemcpy(dq.ptr, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+    if (!hk.empty()) FT_CUDA_CHECK(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
+    if (!hv.empty()) FT_CUDA_CHECK(cudaMemcpy(dv.ptr, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
+  }
+  CudaTreeAttentionOptions opt;
+  opt.atomic_scheduler = options.atomic_scheduler;
+  CudaTreeAttention att(shape, dtype, sm_scale, opt);
+  att.upload(plan, tree, st.s, num_slots);
+  if (options.poison_outputs) {
+    if (!out.empty()) FT_CUDA_CHECK(cudaMemsetAsync(dout.ptr, 0xff, out.size() * 4, st.s));
+    if (!lse.empty()) FT_CUDA_CHECK(cudaMemsetAsync(dlse.ptr, 0xff, lse.size() * 4, st.s));
+    att.poison_workspace(st.s);
+  }
+  float* lse_ptr = lse.empty() ? nullptr : dlse.as<float>();
+  auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), lse_ptr, st.s); };
+  if (options.use_graph) {
+    Graph graph(st.s, enqueue);
+    for (int i = 0; i < options.repeats; ++i) FT_CUDA_CHECK(cudaGraphLaunch(graph.exec, st.s));
+    FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  } else {
+    for (int i = 0; i < options.repeats; ++i) enqueue();
+    FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  }
+  FT_CUDA_CHECK(cudaGetLastError());
+  if (!out.empty()) FT_CUDA_CHECK(cudaMemcpy(out.data(), dout.ptr, out.size() * 4, cudaMemcpyDeviceToHost));
+  if (!lse.empty()) FT_CUDA_CHECK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
+}
+
+}  // namespace
+
+bool cuda_backend_built() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                    std::span<const float> q, std::span<const float> k, std::span<const float> v, float sm_scale,
+                    std::span<float> out, std::span<float> lse, const CudaRunOptions& options) {
+  run_on_device(plan, tree, shape, dtype, q, k, v, sm_scale, out, lse, options);
+}
+
+void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                    std::span<const float> q, std::span<const float> k, std::span<const float> v, float sm_scale,
+                    std::span<float> out, std::span<float> lse) {
+  run_on_device(plan, tree, shape, dtype, q, k, v, sm_scale, out, lse, CudaRunOptions{});
+}
+
+void cuda_attention_per_request(const KvTree& tree, const AttnShape& shape, KvDType dtype, std::span<const float> q,
+                                std::span<const float> k, std::span<const float> v, float sm_scale,
+                                std::span<float> out, std::span<float> lse, const CudaRunOptions& options) {
+  FT_CHECK(cuda_device_count() > 0, "cuda_attention_per_request: no CUDA device available");
+  int dev = 0, sms = 0;
+  FT_CUDA_CHECK(cudaGetDevice(&dev));
+  FT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  PerRequestConfig cfg;
+  cfg.num_sms = sms;
+  Plan plan;
+  build_per_request_plan(tree, shape, cfg, plan);
+  run_on_device(plan, tree, shape, dtype, q, k, v, sm_scale, out, lse, options);
+}
+
+CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                          const CudaTimingOptions& options) {
+  FT_CHECK(cuda_device_count() > 0, "cuda_time_plan: no CUDA device available");
+  FT_CHECK(options.iters >= 1 && options.warmup >= 0, "cuda_time_plan: iters must be >= 1");
+  shape.validate();
+  const int64_t nq = tree.num_queries(), hq = shape.num_qo_heads, hkv = shape.num_kv_heads, d = shape.head_dim;
+  const int64_t num_slots = std::max<int64_t>(1, max_slot_plus_one(tree));
+  const int dt = dtype == KvDType::kF16 ? cuda_detail::kDTypeF16 : cuda_detail::kDTypeBF16;
+  Stream st;
+  DeviceBuffer dq(static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 2);
+  DeviceBuffer dk(static_cast<size_t>(num_slots * hkv * d) * 2), dv(static_cast<size_t>(num_slots * hkv * d) * 2);
+  DeviceBuffer dout(static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 4), dlse(static_cast<size_t>(std::max<int64_t>(1, nq * hq)) * 4);
+  constexpr size_t kFlushBytes = size_t{256} << 20;
+  DeviceBuffer flush(options.flush_l2 ? kFlushBytes : 0);
+  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dq.ptr, nq * hq * d, 1, st.s));
+  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dk.ptr, num_slots * hkv * d, 2, st.s));
+  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dv.ptr, num_slots * hkv * d, 3, st.s));
+  CudaTreeAttentionOptions opt;
+  opt.atomic_scheduler = options.atomic_scheduler;
+  CudaTreeAttention att(shape, dtype, 0.0f, opt);
+  att.upload(plan, tree, st.s, num_slots);
+  auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), dlse.as<float>(), st.s); };
+  std::unique_ptr<Graph> graph;
+  if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
+  auto launch = [&] {
+    if (graph) {
+      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
+    } else {
+      enqueue();
+    }
+  };
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(options.iters));
+  for (cudaEvent_t& e : ev) FT_CUDA_CHECK(cudaEventCreate(&e));
+  CudaTiming result;
+  try {
+    for (int i = 0; i < options.warmup; ++i) launch();
+    for (int i = 0; i < options.iters; ++i) {
+      if (options.flush_l2) FT_CUDA_CHECK(cudaMemsetAsync(flush.ptr, i & 0xff, kFlushBytes, st.s));
+      FT_CUDA_CHECK(cudaEventRecord(ev[2 * i], st.s));
+      launch();
+      FT_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], st.s));
+    }
+    FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    FT_CUDA_CHECK(cudaGetLastError());
+    std::vector<double> us(options.iters);
+    for (int i = 0; i < options.iters; ++i) {
+      float ms = 0;
+      FT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+      us[i] = 1000.0 * ms;
+    }
+    std::sort(us.begin(), us.end());
+    result.median_us = us[us.size() / 2];
+    result.min_us = us.front();
+    result.runs = options.iters;
+  } catch (...) {
+    for (cudaEvent_t e : ev) (void)cudaEventDestroy(e);
+    throw;
+  }
+  for (cudaEvent_t e : ev) (void)cudaEventDestroy(e);
+  return result;
+}
+
+}  // namespace fasttree

@@ -1,0 +1,91 @@
+// Device-side form of a Plan (plan/plan.h) and the parameter structs of the CUDA kernels. Plain C++
+// with no CUDA header: built on the host by tree_attention.cpp, read by the kernels.
+//
+// The kernel's unit of work is (block, kv head): a block is one work item's query tile, or a
+// 64-row slice of it when the tile has more than 64 rows (q_count * g > 64 only happens with tile
+// classes above 64 rows). unit u = block u / Hkv, kv head u % Hkv, so the plan's longest-first item
+// order is kept. A block's rows (row = query_index * g + head_in_group) select the kernel's tile
+// class: rows <= 16 use one 16-row group (the 4 warps split each KV tile's columns), rows <= 32 two
+// (2 warps per group), else four (each warp 16 rows, all columns).
+#pragma once
+#include <cstdint>
+
+namespace fasttree::cuda_detail {
+
+inline constexpr int kKvTile = 64;        // KV tokens per pipeline stage (the kernel's N)
+inline constexpr int kMaxBlockRows = 64;  // rows of the largest query tile (the kernel's M)
+
+struct BlockDesc {
+  int32_t seg_first;    // segment (index into the segment array) holding context token kv_begin
+  int32_t seg_end;      // one past the vnode's last segment
+  int32_t kv_begin;     // chunk [kv_begin, kv_begin + kv_len) in vnode context coordinates
+  int32_t kv_len;       // > 0
+  int32_t qinfo_begin;  // QueryInfo of the item's first query
+  int32_t row0;         // first row of this block inside the item's tile
+  int32_t rows;         // rows of this block, 1..64
+  int32_t row_groups;   // 1, 2 or 4 groups of 16 rows (tile class of the kernel)
+};
+static_assert(sizeof(BlockDesc) == 32);
+
+// Per (item, query of its tile): the query id and where its result goes: dst < num_queries is the
+// final output row O[dst] (direct query), otherwise partial row dst - num_queries.
+struct QueryInfo {
+  int32_t query;
+  int32_t dst;
+};
+
+// Same layout as plan/plan.h PlanSegment: token_begin/len in vnode context coordinates, token j of
+// the segment is KV slot slots[slot_offset + j].
+struct DeviceSegment {
+  int64_t slot_offset;
+  int32_t token_begin;
+  int32_t len;
+};
+static_assert(sizeof(DeviceSegment) == 16);
+
+// Counts read by the kernels from device memory, so that a captured graph stays valid when a new
+// plan is uploaded into the same buffers.
+struct DeviceCounts {
+  int32_t num_units;  // blocks x kv heads
+  int32_t num_merge;  // non-direct queries
+  int32_t pad_[2];
+};
+
+// Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] (dtype T), out [Q, Hq, d] fp32,
+// lse [Q, Hq] fp32 (may be null), partial [rows, Hq, d] fp32, partial_lse [rows, Hq] fp32.
+struct TreeAttnParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  float* out;
+  float* lse;
+  float* partial;
+  float* partial_lse;
+  const DeviceCounts* counts;
+  const BlockDesc* blocks;
+  const QueryInfo* qinfo;
+  const DeviceSegment* segments;
+  const int32_t* slots;
+  int* work_counter;  // zeroed before the launch; nullptr = static round-robin over units
+  int num_queries;
+  int num_qo_heads;
+  int num_kv_heads;
+  int gqa;
+  float scale_log2;  // sm_scale * log2(e)
+};
+
+// Merge kernel: for each non-direct query q = merge_queries[i] and head h, the LSE-weighted
+// combination of partial rows merge_rows[merge_begin[q] .. merge_begin[q+1]) -> out[q, h], lse[q, h].
+struct MergeParams {
+  const DeviceCounts* counts;
+  const int32_t* merge_queries;  // [num_merge]
+  const int32_t* merge_begin;    // [Q + 1]
+  const int32_t* merge_rows;
+  const float* partial;
+  const float* partial_lse;
+  float* out;
+  float* lse;  // may be null
+  int num_qo_heads;
+};
+
+}  // namespace fasttree::cuda_detail

@@ -1,0 +1,380 @@
+#include "cuda/tree_attention.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_plan.h"
+#include "cuda/kernels.h"
+
+namespace fasttree {
+
+using namespace cuda_detail;
+
+namespace {
+
+std::string str(int64_t x) { return std::to_string(x); }
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Sections of the device plan arena, in arena order.
+enum Section { kCounts, kBlocks, kQinfo, kSegments, kSlots, kMergeQueries, kMergeBegin, kMergeRows, kNumSections };
+constexpr size_t kSectionAlign = 256;
+
+int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
+
+int prepare_kernel(int dtype, int d, TreeKernelInfo& info) {
+  if (dtype == kDTypeF16) {
+    if (d == 64) return tree_kernel_prepare<kDTypeF16, 64>(info);
+    if (d == 128) return tree_kernel_prepare<kDTypeF16, 128>(info);
+    if (d == 256) return tree_kernel_prepare<kDTypeF16, 256>(info);
+  } else {
+    if (d == 64) return tree_kernel_prepare<kDTypeBF16, 64>(info);
+    if (d == 128) return tree_kernel_prepare<kDTypeBF16, 128>(info);
+    if (d == 256) return tree_kernel_prepare<kDTypeBF16, 256>(info);
+  }
+  return cudaErrorInvalidValue;
+}
+
+int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+  if (dtype == kDTypeF16) {
+    if (d == 64) return tree_kernel_launch<kDTypeF16, 64>(p, grid, stream);
+    if (d == 128) return tree_kernel_launch<kDTypeF16, 128>(p, grid, stream);
+    if (d == 256) return tree_kernel_launch<kDTypeF16, 256>(p, grid, stream);
+  } else {
+    if (d == 64) return tree_kernel_launch<kDTypeBF16, 64>(p, grid, stream);
+    if (d == 128) return tree_kernel_launch<kDTypeBF16, 128>(p, grid, stream);
+    if (d == 256) return tree_kernel_launch<kDTypeBF16, 256>(p, grid, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+struct CudaTreeAttention::Impl {
+  AttnShape shape;
+  KvDType dtype = KvDType::kBF16;
+  float scale = 0;
+  CudaTreeAttentionOptions options;
+  TreeKernelInfo kinfo;
+  int num_sms = 0;
+  int grid = 0;
+  int merge_grid = 0;
+
+  // Device arena holding the plan, and its pinned host mirror (same layout).
+  void* arena = nullptr;
+  void* staging = nullptr;
+  size_t arena_bytes = 0;
+  std::array<size_t, kNumSections> cap{}, off{}, used{};
+  cudaEvent_t upload_done = nullptr;
+  bool upload_pending = false;
+
+  // Partial-result workspace [rows, Hq, d] + [rows, Hq], and the work counter.
+  float* partial = nullptr;
+  float* partial_lse = nullptr;
+  int64_t partial_cap_rows = 0;
+  int* counter = nullptr;
+
+  // Uploaded plan.
+  int num_queries = 0;
+  int num_units = 0;
+  int num_merge = 0;
+  int64_t num_partial_rows = 0;
+  bool uploaded = false;
+  uint64_t epoch = 1;
+  bool last_has_units = false, last_has_merge = false;
+
+  void free_all() {
+    if (upload_pending && upload_done != nullptr) (void)cudaEventSynchronize(upload_done);
+    if (arena != nullptr) (void)cudaFree(arena);
+    if (staging != nullptr) (void)cudaFreeHost(staging);
+    if (partial != nullptr) (void)cudaFree(partial);
+    if (partial_lse != nullptr) (void)cudaFree(partial_lse);
+    if (counter != nullptr) (void)cudaFree(counter);
+    if (upload_done != nullptr) (void)cudaEventDestroy(upload_done);
+  }
+
+  template <class X>
+  X* host_section(Section s) const {
+    return reinterpret_cast<X*>(static_cast<char*>(staging) + off[s]);
+  }
+  template <class X>
+  X* device_section(Section s) const {
+    return reinterpret_cast<X*>(static_cast<char*>(arena) + off[s]);
+  }
+
+  // Grows the arena (and its mirror) when a section does not fit; capacities get 25% headroom.
+  void reserve_sections() {
+    bool fits = arena != nullptr;
+    for (int s = 0; s < kNumSections; ++s) fits = fits && used[s] <= cap[s];
+    if (fits) return;
+    for (int s = 0; s < kNumSections; ++s)
+      cap[s] = std::max(cap[s], align_up(used[s] + used[s] / 4 + 64, kSectionAlign));
+    size_t total = 0;
+    for (int s = 0; s < kNumSections; ++s) {
+      off[s] = total;
+      total += cap[s];
+    }
+    if (arena != nullptr) FT_CUDA_CHECK(cudaFree(arena));
+    if (staging != nullptr) FT_CUDA_CHECK(cudaFreeHost(staging));
+    arena = nullptr;
+    staging = nullptr;
+    FT_CUDA_CHECK(cudaMalloc(&arena, total));
+    FT_CUDA_CHECK(cudaMallocHost(&staging, total));
+    arena_bytes = total;
+    ++epoch;
+  }
+
+  void reserve_partials(int64_t rows) {
+    if (rows <= partial_cap_rows && partial != nullptr) return;
+    const int64_t cap_rows = std::max<int64_t>(rows + rows / 4 + 16, partial_cap_rows);
+    if (partial != nullptr) FT_CUDA_CHECK(cudaFree(partial));
+    if (partial_lse != nullptr) FT_CUDA_CHECK(cudaFree(partial_lse));
+    partial = nullptr;
+    partial_lse = nullptr;
+    const int64_t hq = shape.num_qo_heads;
+    FT_CUDA_CHECK(cudaMalloc(&partial, static_cast<size_t>(cap_rows * hq * shape.head_dim) * sizeof(float)));
+    FT_CUDA_CHECK(cudaMalloc(&partial_lse, static_cast<size_t>(cap_rows * hq) * sizeof(float)));
+    partial_cap_rows = cap_rows;
+    ++epoch;
+  }
+};
+
+CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, float sm_scale,
+                                     CudaTreeAttentionOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  shape.validate();
+  FT_CHECK(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,
+           "CUDA tree attention: head_dim " + str(shape.head_dim) + " has no kernel (64, 128 or 256)");
+  FT_CHECK(shape.gqa() <= kMaxBlockRows, "CUDA tree attention: GQA ratio " + str(shape.gqa()) + " above 64");
+  Impl& m = *impl_;
+  m.shape = shape;
+  m.dtype = dtype;
+  m.scale = sm_scale > 0 ? sm_scale : shape.default_sm_scale();
+  m.options = options;
+  int dev = 0;
+  FT_CUDA_CHECK(cudaGetDevice(&dev));
+  FT_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev));
+  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.kinfo));
+  FT_CHECK(m.kinfo.ctas_per_sm >= 1, "CUDA tree attention: the kernel does not fit on an SM (" +
+                                         str(m.kinfo.smem_bytes) + " bytes of shared memory)");
+  const int per_sm = options.ctas_per_sm > 0 ? std::min(options.ctas_per_sm, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
+  m.grid = m.num_sms * per_sm;
+  m.merge_grid = m.num_sms * 4;
+  try {
+    FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.upload_done, cudaEventDisableTiming));
+    FT_CUDA_CHECK(cudaMalloc(&m.counter, sizeof(int)));
+  } catch (...) {
+    m.free_all();
+    throw;
+  }
+}
+
+CudaTreeAttention::~CudaTreeAttention() { impl_->free_all(); }
+
+void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st* stream, int64_t num_slots) {
+  Impl& m = *impl_;
+  const AttnShape& sh = m.shape;
+  const int g = sh.gqa();
+  FT_CHECK(plan.num_qo_heads == sh.num_qo_heads && plan.num_kv_heads == sh.num_kv_heads,
+           "CUDA upload: plan built for " + str(plan.num_qo_heads) + "/" + str(plan.num_kv_heads) +
+               " qo/kv heads, kernel has " + str(sh.num_qo_heads) + "/" + str(sh.num_kv_heads));
+  const int nq = plan.num_queries;
+  FT_CHECK(nq == tree.num_queries(), "CUDA upload: plan has " + str(nq) + " queries, tree has " + str(tree.num_queries()));
+  const int nv = plan.num_vnodes();
+  FT_CHECK(plan.vnode_len.size() == static_cast<size_t>(nv) && plan.vnode_seg_begin.size() == static_cast<size_t>(nv) + 1 &&
+               plan.vnode_q_begin.size() == static_cast<size_t>(nv) + 1,
+           "CUDA upload: vnode arrays have inconsistent sizes");
+  FT_CHECK(plan.query_direct.size() == static_cast<size_t>(nq) && plan.merge_begin.size() == static_cast<size_t>(nq) + 1,
+           "CUDA upload: query_direct / merge_begin sizes do not match " + str(nq) + " queries");
+  FT_CHECK(plan.vnode_seg_begin[0] == 0 && plan.vnode_seg_begin[nv] == static_cast<int32_t>(plan.segments.size()),
+           "CUDA upload: vnode_seg_begin does not span the segments");
+  FT_CHECK(plan.vnode_q_begin[0] == 0 && plan.vnode_q_begin[nv] == static_cast<int32_t>(plan.vnode_queries.size()),
+           "CUDA upload: vnode_q_begin does not span vnode_queries");
+  FT_CHECK(plan.merge_begin[0] == 0 && plan.merge_begin[nq] == static_cast<int32_t>(plan.merge_rows.size()),
+           "CUDA upload: merge_begin does not span merge_rows");
+  const int64_t rows_cap = plan.num_partial_rows;
+  FT_CHECK(rows_cap >= 0, "CUDA upload: negative num_partial_rows");
+
+  // Segments must tile each vnode's context (the kernel's segment search relies on it).
+  const int64_t ntok = tree.num_tokens();
+  for (int vn = 0; vn < nv; ++vn) {
+    FT_CHECK(plan.vnode_seg_begin[vn] <= plan.vnode_seg_begin[vn + 1] && plan.vnode_q_begin[vn] <= plan.vnode_q_begin[vn + 1],
+             "CUDA upload: vnode " + str(vn) + ": decreasing CSR offsets");
+    int64_t t = 0;
+    for (int32_t s = plan.vnode_seg_begin[vn]; s < plan.vnode_seg_begin[vn + 1]; ++s) {
+      const PlanSegment& seg = plan.segments[s];
+      FT_CHECK(seg.len > 0 && seg.token_begin == t && seg.slot_offset >= 0 && seg.slot_offset + seg.len <= ntok,
+               "CUDA upload: vnode " + str(vn) + " segment " + str(s) + " is empty, out of order or outside tree.slots");
+      t += seg.len;
+    }
+    FT_CHECK(t == plan.vnode_len[vn], "CUDA upload: vnode " + str(vn) + " segments cover " + str(t) + " tokens, vnode_len " +
+                                          str(plan.vnode_len[vn]));
+  }
+  if (num_slots >= 0) {
+    for (int64_t i = 0; i < ntok; ++i)
+      FT_CHECK(tree.slots[i] >= 0 && tree.slots[i] < num_slots,
+               "CUDA upload: tree slot " + str(tree.slots[i]) + " outside the KV pool [0, " + str(num_slots) + ")");
+  }
+  for (int32_t q : plan.vnode_queries) FT_CHECK(q >= 0 && q < nq, "CUDA upload: vnode query " + str(q) + " out of range");
+  for (int32_t r : plan.merge_rows)
+    FT_CHECK(r >= 0 && r < rows_cap, "CUDA upload: merge row " + str(r) + " out of range [0, " + str(rows_cap) + ")");
+
+  // Sizes.
+  int64_t num_blocks = 0, num_qinfo = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const PlanItem& it = plan.items[i];
+    FT_CHECK(it.vnode >= 0 && it.vnode < nv && it.kv_len > 0 && it.kv_begin >= 0 &&
+                 static_cast<int64_t>(it.kv_begin) + it.kv_len <= plan.vnode_len[it.vnode] && it.q_count > 0 &&
+                 it.q_begin >= plan.vnode_q_begin[it.vnode] && it.q_begin + it.q_count <= plan.vnode_q_begin[it.vnode + 1],
+             "CUDA upload: item " + str(static_cast<int64_t>(i)) + " has an out-of-range chunk or query tile");
+    const int64_t rows = static_cast<int64_t>(it.q_count) * g;
+    num_blocks += (rows + kMaxBlockRows - 1) / kMaxBlockRows;
+    num_qinfo += it.q_count;
+  }
+  FT_CHECK(num_blocks * sh.num_kv_heads < (int64_t{1} << 31) && num_qinfo < (int64_t{1} << 31),
+           "CUDA upload: the plan has more than 2^31 units");
+  int64_t num_merge = 0;
+  for (int q = 0; q < nq; ++q) num_merge += plan.query_direct[q] ? 0 : 1;
+
+  // Wait for the previous upload's copy before touching the pinned mirror.
+  if (m.upload_pending) {
+    FT_CUDA_CHECK(cudaEventSynchronize(m.upload_done));
+    m.upload_pending = false;
+  }
+  m.used[kCounts] = sizeof(DeviceCounts);
+  m.used[kBlocks] = static_cast<size_t>(num_blocks) * sizeof(BlockDesc);
+  m.used[kQinfo] = static_cast<size_t>(num_qinfo) * sizeof(QueryInfo);
+  m.used[kSegments] = plan.segments.size() * sizeof(DeviceSegment);
+  m.used[kSlots] = static_cast<size_t>(ntok) * sizeof(int32_t);
+  m.used[kMergeQueries] = static_cast<size_t>(num_merge) * sizeof(int32_t);
+  m.used[kMergeBegin] = plan.merge_begin.size() * sizeof(int32_t);
+  m.used[kMergeRows] = plan.merge_rows.size() * sizeof(int32_t);
+  m.reserve_sections();
+  m.reserve_partials(rows_cap);
+
+  // Pack.
+  BlockDesc* blocks = m.host_section<BlockDesc>(kBlocks);
+  QueryInfo* qinfo = m.host_section<QueryInfo>(kQinfo);
+  int64_t b = 0, qi = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const PlanItem& it = plan.items[i];
+    const PlanSegment* s_first = plan.segments.data() + plan.vnode_seg_begin[it.vnode];
+    const PlanSegment* s_last = plan.segments.data() + plan.vnode_seg_begin[it.vnode + 1];
+    const PlanSegment* seg = std::upper_bound(s_first, s_last, it.kv_begin,
+                                              [](int32_t t, const PlanSegment& s) { return t < s.token_begin; }) - 1;
+    const int32_t rows = it.q_count * g;
+    for (int32_t row0 = 0; row0 < rows; row0 += kMaxBlockRows) {
+      const int32_t r = std::min(kMaxBlockRows, rows - row0);
+      blocks[b++] = BlockDesc{static_cast<int32_t>(seg - plan.segments.data()),
+                              plan.vnode_seg_begin[it.vnode + 1],
+                              it.kv_begin,
+                              it.kv_len,
+                              static_cast<int32_t>(qi),
+                              row0,
+                              r,
+                              r <= 16 ? 1 : (r <= 32 ? 2 : 4)};
+    }
+    for (int32_t j = 0; j < it.q_count; ++j) {
+      const int32_t q = plan.vnode_queries[it.q_begin + j];
+      int32_t dst = q;
+      if (!plan.query_direct[q]) {
+        const int64_t row = static_cast<int64_t>(it.out_row) + j;
+        FT_CHECK(it.out_row >= 0 && row < rows_cap, "CUDA upload: item " + str(static_cast<int64_t>(i)) +
+                                                        " writes partial row " + str(row) + " out of range");
+        dst = static_cast<int32_t>(nq + row);
+      }
+      qinfo[qi++] = QueryInfo{q, dst};
+    }
+  }
+  DeviceCounts* counts = m.host_section<DeviceCounts>(kCounts);
+  *counts = DeviceCounts{static_cast<int32_t>(num_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge), {0, 0}};
+  static_assert(sizeof(PlanSegment) == sizeof(DeviceSegment));
+  if (!plan.segments.empty()) std::memcpy(m.host_section<void>(kSegments), plan.segments.data(), m.used[kSegments]);
+  if (ntok > 0) std::memcpy(m.host_section<void>(kSlots), tree.slots.data(), m.used[kSlots]);
+  int32_t* mq = m.host_section<int32_t>(kMergeQueries);
+  for (int q = 0, k = 0; q < nq; ++q)
+    if (!plan.query_direct[q]) mq[k++] = q;
+  std::memcpy(m.host_section<void>(kMergeBegin), plan.merge_begin.data(), m.used[kMergeBegin]);
+  if (!plan.merge_rows.empty()) std::memcpy(m.host_section<void>(kMergeRows), plan.merge_rows.data(), m.used[kMergeRows]);
+
+  const size_t bytes = m.off[kMergeRows] + m.used[kMergeRows];
+  FT_CUDA_CHECK(cudaMemcpyAsync(m.arena, m.staging, bytes, cudaMemcpyHostToDevice, stream));
+  FT_CUDA_CHECK(cudaEventRecord(m.upload_done, stream));
+  m.upload_pending = true;
+
+  m.num_queries = nq;
+  m.num_units = static_cast<int>(num_blocks * sh.num_kv_heads);
+  m.num_merge = static_cast<int>(num_merge);
+  m.num_partial_rows = rows_cap;
+  m.uploaded = true;
+  const bool has_units = m.num_units > 0, has_merge = m.num_merge > 0;
+  if (has_units != m.last_has_units || has_merge != m.last_has_merge) ++m.epoch;
+  m.last_has_units = has_units;
+  m.last_has_merge = has_merge;
+}
+
+void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* out, float* lse,
+                            CUstream_st* stream) const {
+  const Impl& m = *impl_;
+  FT_CHECK(m.uploaded, "CudaTreeAttention::run before upload");
+  if (m.num_units > 0) {
+    TreeAttnParams p{};
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.lse = lse;
+    p.partial = m.partial;
+    p.partial_lse = m.partial_lse;
+    p.counts = m.device_section<DeviceCounts>(kCounts);
+    p.blocks = m.device_section<BlockDesc>(kBlocks);
+    p.qinfo = m.device_section<QueryInfo>(kQinfo);
+    p.segments = m.device_section<DeviceSegment>(kSegments);
+    p.slots = m.device_section<int32_t>(kSlots);
+    p.work_counter = m.options.atomic_scheduler ? m.counter : nullptr;
+    p.num_queries = m.num_queries;
+    p.num_qo_heads = m.shape.num_qo_heads;
+    p.num_kv_heads = m.shape.num_kv_heads;
+    p.gqa = m.shape.gqa();
+    p.scale_log2 = m.scale * 1.4426950408889634f;
+    if (p.work_counter != nullptr) FT_CUDA_CHECK(cudaMemsetAsync(m.counter, 0, sizeof(int), stream));
+    FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+  }
+  if (m.num_merge > 0) {
+    MergeParams mp{};
+    mp.counts = m.device_section<DeviceCounts>(kCounts);
+    mp.merge_queries = m.device_section<int32_t>(kMergeQueries);
+    mp.merge_begin = m.device_section<int32_t>(kMergeBegin);
+    mp.merge_rows = m.device_section<int32_t>(kMergeRows);
+    mp.partial = m.partial;
+    mp.partial_lse = m.partial_lse;
+    mp.out = out;
+    mp.lse = lse;
+    mp.num_qo_heads = m.shape.num_qo_heads;
+    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_grid, stream));
+  }
+}
+
+void CudaTreeAttention::poison_workspace(CUstream_st* stream) const {
+  const Impl& m = *impl_;
+  if (m.partial == nullptr) return;
+  const int64_t hq = m.shape.num_qo_heads;
+  FT_CUDA_CHECK(cudaMemsetAsync(m.partial, 0xff, static_cast<size_t>(m.partial_cap_rows * hq * m.shape.head_dim) * sizeof(float), stream));
+  FT_CUDA_CHECK(cudaMemsetAsync(m.partial_lse, 0xff, static_cast<size_t>(m.partial_cap_rows * hq) * sizeof(float), stream));
+}
+
+uint64_t CudaTreeAttention::graph_epoch() const { return impl_->epoch; }
+const AttnShape& CudaTreeAttention::shape() const { return impl_->shape; }
+KvDType CudaTreeAttention::dtype() const { return impl_->dtype; }
+float CudaTreeAttention::sm_scale() const { return impl_->scale; }
+int CudaTreeAttention::num_queries() const { return impl_->num_queries; }
+int CudaTreeAttention::num_units() const { return impl_->num_units; }
+int CudaTreeAttention::grid_size() const { return impl_->grid; }
+
+}  // namespace fasttree

@@ -1,0 +1,76 @@
+// CudaTreeAttention: executes a Plan (plan/plan.h) on the GPU with the tree-attention kernel
+// (tree_attention_kernel.cuh) and the merge kernel (merge_kernel.cuh). No CUDA header here.
+//
+//   CudaTreeAttention att(shape, KvDType::kBF16);
+//   att.upload(plan, tree, stream);                       // once per plan
+//   att.run(q, k, v, out, lse, stream);                   // device pointers; capturable in a graph
+//
+// Tensors (device memory, layouts of core/attention_shape.h):
+//   q [Q, Hq, d], k/v [S, Hkv, d] in the dtype given at construction (fp16 or bf16)
+//   out [Q, Hq, d] fp32, lse [Q, Hq] fp32 natural-log LSE (nullptr: not written)
+// Output is fp32 (the partials and the merge are fp32 anyway; a 16-bit output is a later option).
+//
+// Buffers: the plan lives in one device arena of fixed-capacity sections, the partial results in a
+// workspace; both only grow (no allocation once they fit the largest plan seen). upload() packs the
+// plan into pinned host memory and copies it with one asynchronous memcpy on the given stream; the
+// next upload() waits for that copy. run() enqueues memset(work counter) -> tree kernel -> merge
+// kernel with counts read from device memory: it never allocates or synchronizes, so it can be
+// captured in a CUDA graph, and a graph captured once stays valid across uploads as long as
+// graph_epoch() is unchanged (it changes when buffers move or the launch sequence changes).
+//
+// Kernel tile classes: a work item's q_count * g rows select 16-row (4 warps split the KV tile),
+// 32-row or 64-row tiles; items with more than 64 rows run as several 64-row blocks. The KV tile
+// is the kernel's own (64 tokens): the plan's tile_classes[].kv_tile only shapes its chunking.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "core/attention_shape.h"
+#include "core/kv_tree.h"
+#include "cuda/backend.h"
+#include "plan/plan.h"
+
+struct CUstream_st;  // = cudaStream_t
+
+namespace fasttree {
+
+struct CudaTreeAttentionOptions {
+  bool atomic_scheduler = true;  // CTAs pull units from an atomic counter; false: static round-robin
+  int ctas_per_sm = 0;           // persistent CTAs per SM; 0 = as many as fit
+};
+
+class CudaTreeAttention {
+ public:
+  // sm_scale <= 0 selects 1/sqrt(head_dim). Throws when the shape has no kernel (head_dim not 64,
+  // 128 or 256) or no CUDA device is usable.
+  CudaTreeAttention(const AttnShape& shape, KvDType dtype, float sm_scale = 0.0f,
+                    CudaTreeAttentionOptions options = {});
+  ~CudaTreeAttention();
+  CudaTreeAttention(const CudaTreeAttention&) = delete;
+  CudaTreeAttention& operator=(const CudaTreeAttention&) = delete;
+
+  // Checks the plan's indices against the tree and the shape (everything the kernels dereference;
+  // the plan's semantics are plan_validate's job), then uploads it. num_slots >= 0 also checks
+  // every tree slot against the KV pool size. O(items + segments + queries + tokens).
+  void upload(const Plan& plan, const KvTree& tree, CUstream_st* stream = nullptr, int64_t num_slots = -1);
+
+  // Enqueues the uploaded plan's attention on `stream` (see the header comment).
+  void run(const void* q, const void* k, const void* v, float* out, float* lse, CUstream_st* stream = nullptr) const;
+
+  // Fills the partial-result workspace with NaN (tests: proves every merged row was written).
+  void poison_workspace(CUstream_st* stream = nullptr) const;
+
+  uint64_t graph_epoch() const;
+  const AttnShape& shape() const;
+  KvDType dtype() const;
+  float sm_scale() const;
+  int num_queries() const;  // of the uploaded plan
+  int num_units() const;    // (block, kv head) units of the uploaded plan
+  int grid_size() const;    // persistent CTAs per launch
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fasttree

@@ -1,0 +1,50 @@
+// Launcher templates of the tree-attention kernel; each tree_attention_<dtype>_d<D>.cu instantiates
+// one (dtype, head_dim) pair so that the kernels compile in parallel.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/kernels.h"
+#include "cuda/tree_attention_kernel.cuh"
+
+namespace fasttree::cuda_detail {
+
+template <int DType>
+struct DTypeOf;
+template <>
+struct DTypeOf<kDTypeF16> {
+  using T = __half;
+};
+template <>
+struct DTypeOf<kDTypeBF16> {
+  using T = __nv_bfloat16;
+};
+
+template <int DType, int D>
+int tree_kernel_prepare(TreeKernelInfo& info) {
+  using Cfg = TreeKernelConfig<D>;
+  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  int n = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes);
+  info = TreeKernelInfo{Cfg::kSmemBytes, Cfg::kThreads, n};
+  return e;
+}
+
+template <int DType, int D>
+int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream) {
+  using Cfg = TreeKernelConfig<D>;
+  tree_attention_kernel<typename DTypeOf<DType>::T, D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace fasttree::cuda_detail
+
+#define FASTTREE_INSTANTIATE_TREE_KERNEL(DTYPE, D)                                                        \
+  template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D>(fasttree::cuda_detail::TreeKernelInfo&); \
+  template int fasttree::cuda_detail::tree_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, \
+                                                                   int, CUstream_st*);
