@@ -8,11 +8,15 @@ namespace fasttree {
 void register_plan_command(CLI::App& app);
 void register_attention_command(CLI::App& app);
 void register_gen_tree_command(CLI::App& app);
+void register_bench_command(CLI::App& app);
+void register_calibrate_command(CLI::App& app);
 
 inline void register_commands(CLI::App& app) {
   register_plan_command(app);
   register_attention_command(app);
   register_gen_tree_command(app);
+  register_bench_command(app);
+  register_calibrate_command(app);
 }
 
 }  // namespace fasttree

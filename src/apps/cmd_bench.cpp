@@ -1,0 +1,225 @@
+// fasttree bench: GPU timings of the FastTree plan vs the per-request baseline and the planner
+// ablations, on the paper's suite (bench/anchors/h200-paper-suite.csv) or on any tree. Every cell
+// is also checked against the fp64 CPU reference on a sample of its queries.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "apps/cli_common.h"
+#include "apps/commands.h"
+#include "apps/suite.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/tree_gen.h"
+#include "cpu/reference.h"
+#include "cuda/backend.h"
+#include "cuda/per_request.h"
+#include "plan/plan_stats.h"
+#include "plan/plan_validate.h"
+#include "plan/planner.h"
+
+namespace fasttree {
+
+namespace {
+
+struct BenchCmd {
+  std::string suite;
+  TreeSource src;
+  HeadOptions heads;
+  PlannerOptions planner;
+  std::string dtypes = "fp16,bf16";
+  std::string anchors = default_anchors_path();
+  std::string csv;
+  std::string commit = "unknown";
+  int iters = 50;
+  int warmup = 10;
+  int check_queries = 16;
+  bool no_graph = false;
+  std::string only;  // substring filter on the cell name
+};
+
+using Cell = SuiteCell;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
+  return out;
+}
+
+std::string spaced(const std::string& commas) {
+  std::string s = commas;
+  std::replace(s.begin(), s.end(), ',', ' ');
+  return s;
+}
+
+// Max |gpu - ref| / max|ref| over a sample of queries (fp64 reference on dtype-rounded inputs).
+double check_cell(const Cell& c, const Plan& plan, KvDType dtype, int sample, uint64_t seed) {
+  const AttnShape& sh = c.shape;
+  const int64_t nq = c.tree.num_queries(), slots = std::max<int64_t>(1, max_slot_plus_one(c.tree));
+  const int64_t row = static_cast<int64_t>(sh.num_qo_heads) * sh.head_dim;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto rounded = [&](int64_t n) {
+    std::vector<float> x(n);
+    for (float& e : x) e = dtype == KvDType::kF16 ? half_to_float(float_to_half(dist(rng))) : bf16_to_float(float_to_bf16(dist(rng)));
+    return x;
+  };
+  const auto q = rounded(nq * row);
+  const auto k = rounded(slots * sh.num_kv_heads * sh.head_dim);
+  const auto v = rounded(slots * sh.num_kv_heads * sh.head_dim);
+  std::vector<float> out(nq * row, NAN), lse(nq * sh.num_qo_heads, NAN);
+  cuda_attention(plan, c.tree, sh, dtype, q, k, v, sh.default_sm_scale(), out, lse);
+  // Reference on a query sample: same nodes, a subset of the queries.
+  KvTree sub = c.tree;
+  sub.query_node.clear();
+  std::vector<int64_t> picked;
+  for (int i = 0; i < sample && i < nq; ++i) picked.push_back(sample >= nq ? i : static_cast<int64_t>(rng() % nq));
+  std::vector<float> sub_q;
+  for (int64_t p : picked) {
+    sub.query_node.push_back(c.tree.query_node[p]);
+    sub_q.insert(sub_q.end(), q.begin() + p * row, q.begin() + (p + 1) * row);
+  }
+  std::vector<float> ref(picked.size() * row), ref_lse(picked.size() * sh.num_qo_heads);
+  reference_attention(sub, sh, sub_q, k, v, sh.default_sm_scale(), ref, ref_lse);
+  double max_err = 0, max_ref = 1e-30;
+  for (size_t i = 0; i < picked.size(); ++i)
+    for (int64_t j = 0; j < row; ++j) {
+      const double r = ref[i * row + j], g = out[picked[i] * row + j];
+      max_err = std::isnan(g) ? INFINITY : std::max(max_err, std::fabs(g - r));
+      max_ref = std::max(max_ref, std::fabs(r));
+    }
+  return max_err / max_ref;
+}
+
+void run_bench(const BenchCmd& c) {
+  FT_CHECK(cuda_backend_built(), "fasttree bench needs the CUDA backend: this binary was built without nvcc");
+  FT_CHECK(cuda_device_count() > 0, "fasttree bench: no CUDA device found");
+  std::vector<Cell> cells;
+  if (!c.suite.empty()) {
+    FT_CHECK(c.suite == "paper", "--suite: only 'paper' is known");
+    cells = load_suite(c.anchors);
+  } else {
+    Cell cell;
+    cell.tree = make_tree(c.src);
+    cell.shape = make_shape(c.heads);
+    cell.triton_us = cell.sdpa_us = cell.pat_us = cell.best_anchor_us = NAN;
+    cell.nodes_per_level = c.src.levels.empty() ? c.src.tree_file : spaced(c.src.levels);
+    cell.context_per_level = spaced(c.src.lens);
+    cells.push_back(std::move(cell));
+  }
+  std::vector<KvDType> dtypes;
+  for (const auto& d : split(c.dtypes, ',')) {
+    FT_CHECK(d == "fp16" || d == "bf16", "--dtypes: unknown dtype '" + d + "' (fp16, bf16)");
+    dtypes.push_back(d == "fp16" ? KvDType::kF16 : KvDType::kBF16);
+  }
+  std::FILE* csv = nullptr;
+  if (!c.csv.empty()) {
+    csv = std::fopen(c.csv.c_str(), "w");
+    FT_CHECK(csv != nullptr, c.csv + ": cannot open for writing");
+    std::fputs("nodes_per_level,context_per_level,num_qo_heads,num_kv_heads,head_dim,dtype,queries,unique_kv_tokens,"
+               "sum_path_len,fasttree_us,fasttree_nograph_us,per_request_us,no_greedy_us,no_split_us,floor_us,"
+               "fasttree_over_floor,eff_bandwidth_tbs,best_anchor_us,speedup_vs_best_anchor,fasttree_triton_us,"
+               "sdpa_flash_us,pat_us,plan_us,max_rel_err,commit\n",
+               csv);
+  }
+  fmt::print("{:<34} {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>8} {:>8}\n", "tree (levels | lens)", "heads",
+             "dt", "fasttree", "per-req", "no-greedy", "no-split", "floor", "x", "TB/s", "best-anc", "rel-err");
+  std::vector<double> over_floor;
+  int failures = 0;
+  for (const Cell& cell : cells) {
+    if (!c.only.empty() && (cell.nodes_per_level + "|" + cell.context_per_level).find(c.only) == std::string::npos) continue;
+    PlannerConfig cfg = make_planner_config(c.planner);
+    Plan plan, no_greedy, no_split, per_request;
+    Planner planner(cfg);
+    planner.build(cell.tree, cell.shape, plan);
+    validate_plan(plan, cell.tree);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) planner.build(cell.tree, cell.shape, plan);
+    const double plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 10;
+    PlannerConfig cfg_ng = cfg;
+    cfg_ng.edges = EdgePolicy::kAllZero;
+    Planner(cfg_ng).build(cell.tree, cell.shape, no_greedy);
+    PlannerConfig cfg_ns = cfg;
+    cfg_ns.split = false;
+    Planner(cfg_ns).build(cell.tree, cell.shape, no_split);
+    build_per_request_plan(cell.tree, cell.shape, PerRequestConfig{}, per_request);
+    const TreeStats ts = [&] {
+      TreeTopology topo;
+      topo.build(cell.tree);
+      return tree_stats(cell.tree, topo);
+    }();
+    for (KvDType dt : dtypes) {
+      CudaTimingOptions topt;
+      topt.iters = c.iters;
+      topt.warmup = c.warmup;
+      topt.use_graph = !c.no_graph;
+      const double ft = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt).median_us;
+      const double pr = cuda_time_plan(per_request, cell.tree, cell.shape, dt, topt).median_us;
+      const double ng = cuda_time_plan(no_greedy, cell.tree, cell.shape, dt, topt).median_us;
+      const double ns = cuda_time_plan(no_split, cell.tree, cell.shape, dt, topt).median_us;
+      CudaTimingOptions topt_ng = topt;
+      topt_ng.use_graph = false;
+      const double ft_nograph = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_ng).median_us;
+      const double err = c.check_queries > 0 ? check_cell(cell, plan, dt, c.check_queries, 1234) : NAN;
+      const double tol = dt == KvDType::kF16 ? 5e-3 : 2e-2;
+      const bool ok = !(err > tol) && !std::isnan(ft);
+      failures += ok ? 0 : 1;
+      const double floor = floor_us(ts.unique_tokens, ts.sum_path_len, cell.shape, 2);
+      const double bw = kv_bytes(ts.unique_tokens, cell.shape, 2) / (ft * 1e-6) / 1e12;
+      over_floor.push_back(ft / floor);
+      const char* dname = dt == KvDType::kF16 ? "fp16" : "bf16";
+      const std::string heads = fmt::format("{}/{}", cell.shape.num_qo_heads, cell.shape.num_kv_heads);
+      fmt::print("{:<34} {:>5} {:>4} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>8.1f} {:>6.2f} {:>7.2f} {:>8.1f} {:>8.1e}{}\n",
+                 (cell.nodes_per_level + " | " + cell.context_per_level).substr(0, 34), heads, dname, ft, pr, ng, ns, floor,
+                 ft / floor, bw, cell.best_anchor_us, err, ok ? "" : "  FAIL");
+      std::fflush(stdout);
+      if (csv) {
+        std::fprintf(csv, "%s,%s,%d,%d,%d,%s,%d,%lld,%lld,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.1f,%.3f,%.1f,%.1f,%.1f,%.1f,%.2e,%s\n",
+                     cell.nodes_per_level.c_str(), cell.context_per_level.c_str(), cell.shape.num_qo_heads,
+                     cell.shape.num_kv_heads, cell.shape.head_dim, dname, cell.tree.num_queries(),
+                     static_cast<long long>(ts.unique_tokens), static_cast<long long>(ts.sum_path_len), ft, ft_nograph, pr,
+                     ng, ns, floor, ft / floor, bw, cell.best_anchor_us, cell.best_anchor_us / ft, cell.triton_us,
+                     cell.sdpa_us, cell.pat_us, plan_us, err, c.commit.c_str());
+        std::fflush(csv);
+      }
+    }
+  }
+  if (csv) std::fclose(csv);
+  double log_sum = 0;
+  for (double x : over_floor) log_sum += std::log(x);
+  if (!over_floor.empty())
+    fmt::print("geomean fasttree / floor over {} cells: {:.2f}\n", over_floor.size(), std::exp(log_sum / over_floor.size()));
+  FT_CHECK(failures == 0, std::to_string(failures) + " cell(s) failed the correctness check");
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "GPU benchmark: FastTree vs per-request vs ablations (--suite paper or any tree)");
+  auto c = std::make_shared<BenchCmd>();
+  cmd->add_option("--suite", c->suite, "Named suite: paper (the 15 trees x 3 head settings of the anchors file)");
+  add_tree_source(*cmd, c->src, false);
+  add_head_options(*cmd, c->heads);
+  add_planner_options(*cmd, c->planner);
+  cmd->add_option("--dtypes", c->dtypes, "Comma-separated dtypes: fp16,bf16")->capture_default_str();
+  cmd->add_option("--anchors", c->anchors, "Anchors CSV (for --suite paper)")->capture_default_str();
+  cmd->add_option("--csv", c->csv, "Write one CSV row per cell and dtype");
+  cmd->add_option("--commit", c->commit, "Commit id written into the CSV")->capture_default_str();
+  cmd->add_option("--iters", c->iters, "Timed runs per measurement (median reported)")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--warmup", c->warmup, "Warm-up runs")->check(CLI::Range(0, 100000))->capture_default_str();
+  cmd->add_option("--check-queries", c->check_queries, "Queries per cell checked against the fp64 reference (0: no check)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
+  cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
+  cmd->callback([c] { run_bench(*c); });
+}
+
+}  // namespace fasttree
