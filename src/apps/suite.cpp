@@ -30,7 +30,12 @@ double to_double(const std::string& s, const std::string& where) {
 
 }  // namespace
 
-std::string default_anchors_path() { return std::string(FASTTREE_SOURCE_DIR) + "/bench/anchors/h200-paper-suite.csv"; }
+// The source tree's copy when it exists (the build machine), else relative to the working folder
+// (binaries carried to another machine run from the repository root there).
+std::string default_anchors_path() {
+  const std::string built = std::string(FASTTREE_SOURCE_DIR) + "/bench/anchors/h200-paper-suite.csv";
+  return std::ifstream(built).good() ? built : "bench/anchors/h200-paper-suite.csv";
+}
 
 std::vector<SuiteCell> load_suite(const std::string& path) {
   std::ifstream f(path);

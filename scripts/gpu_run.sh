@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU machine, in one call (run there from the repo root, with the build
+# folder made here by `scripts/gpu_build.sh` carried along):
+#   bash scripts/gpu_run.sh BUILD_DIR COMMIT [STEPS]
+# STEPS is a comma list of: check (CUDA tests + compute-sanitizer), bench (paper suite -> CSV),
+# calibrate (planner constants grid search), planner (planner benchmark on that CPU).
+# Results land in $OUT (or ./out when OUT is unset).
+set -uo pipefail
+B=${1:-build-gpu}
+COMMIT=${2:-unknown}
+STEPS=${3:-check,bench,planner}
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv | tee "$OUT/gpu.txt"
+status=0
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+if has check; then
+  echo "== CUDA tests + sanitizers =="
+  bash scripts/gpu_check.sh "$B" 2>&1 | tee "$OUT/gpu_check.log" || status=1
+fi
+if has bench; then
+  echo "== paper suite =="
+  "$B/fasttree" bench --suite paper --csv "$OUT/h200-paper-suite.csv" --commit "$COMMIT" 2>&1 | tee "$OUT/bench.log" || status=1
+fi
+if has calibrate; then
+  echo "== calibration =="
+  "$B/fasttree" calibrate --csv "$OUT/calibration.csv" 2>&1 | tee "$OUT/calibrate.log" || status=1
+fi
+if has planner; then
+  echo "== planner benchmark (this machine's CPU) =="
+  "$B/planner_bench" --benchmark_min_time=0.1 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_format=csv > "$OUT/planner_bench.csv" 2>/dev/null || status=1
+  grep -c median "$OUT/planner_bench.csv"
+fi
+exit $status
