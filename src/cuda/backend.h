@@ -30,6 +30,7 @@ struct CudaRunOptions {
   bool use_graph = false;        // capture the launch sequence in a CUDA graph and replay it
   int repeats = 1;               // run (or replay) this many times; the last result is returned
   bool atomic_scheduler = true;  // false: persistent CTAs take units round-robin
+  bool bulk_copy = false;        // kernel variant: copy-engine row gathers instead of cp.async
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -55,6 +56,9 @@ struct CudaTimingOptions {
   bool flush_l2 = true;
   bool use_graph = false;        // time graph replays instead of plain launches
   bool atomic_scheduler = true;
+  bool bulk_copy = false;
+  bool skip_merge = false;       // diagnostics: time the tree kernel without the merge launch
+  int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
 };
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                           const CudaTimingOptions& options = {});

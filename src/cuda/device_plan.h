@@ -27,8 +27,8 @@ struct BlockDesc {
 };
 static_assert(sizeof(BlockDesc) == 32);
 
-// Per (item, query of its tile): the query id and where its result goes: dst < num_queries is the
-// final output row O[dst] (direct query), otherwise partial row dst - num_queries.
+// Per (item, query of its tile): the query id and where its result goes: dst >= 0 is the final
+// output row O[dst] (a direct query), dst < 0 the partial row ~dst (= -dst - 1).
 struct QueryInfo {
   int32_t query;
   int32_t dst;
@@ -66,8 +66,8 @@ struct TreeAttnParams {
   const QueryInfo* qinfo;
   const DeviceSegment* segments;
   const int32_t* slots;
+  const void* zeros;  // >= 512 zero bytes (bulk variant: source of the zero rows)
   int* work_counter;  // zeroed before the launch; nullptr = static round-robin over units
-  int num_queries;
   int num_qo_heads;
   int num_kv_heads;
   int gqa;

@@ -35,16 +35,41 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// Waits for the phase of parity `parity` to complete. A wait that spins for far longer than any
+// correct pipeline step (2^26 try_wait rounds, seconds) traps, so a protocol bug fails the launch
+// instead of hanging the GPU.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_addr(bar);
   uint32_t done = 0;
+  uint32_t spins = 0;
   do {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(addr), "r"(parity)
         : "memory");
+    if (!done && ++spins == (1u << 26)) __trap();
   } while (!done);
+}
+
+// mbarrier arrival that also expects `tx_bytes` more bytes of asynchronous (bulk-copy) transactions
+// in the current phase (sm_90).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx_bytes) : "memory");
+}
+
+// Bulk copy (copy engine, sm_90) of `bytes` (multiple of 16, 16-byte aligned ends) global -> shared,
+// completing as transactions on mbarrier `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory accesses before later async-proxy (bulk copy)
+// accesses of the same memory.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Named barrier among `count` threads (multiple of 32); id 0 is __syncthreads'.

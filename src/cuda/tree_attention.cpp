@@ -23,35 +23,42 @@ std::string str(int64_t x) { return std::to_string(x); }
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Sections of the device plan arena, in arena order.
-enum Section { kCounts, kBlocks, kQinfo, kSegments, kSlots, kMergeQueries, kMergeBegin, kMergeRows, kNumSections };
+enum Section { kCounts, kZeros, kBlocks, kQinfo, kSegments, kSlots, kMergeQueries, kMergeBegin, kMergeRows, kNumSections };
+constexpr size_t kZeroBytes = 512;  // one zero row of the widest head (d = 256, 16-bit)
 constexpr size_t kSectionAlign = 256;
 
 int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
 
-int prepare_kernel(int dtype, int d, TreeKernelInfo& info) {
-  if (dtype == kDTypeF16) {
-    if (d == 64) return tree_kernel_prepare<kDTypeF16, 64>(info);
-    if (d == 128) return tree_kernel_prepare<kDTypeF16, 128>(info);
-    if (d == 256) return tree_kernel_prepare<kDTypeF16, 256>(info);
-  } else {
-    if (d == 64) return tree_kernel_prepare<kDTypeBF16, 64>(info);
-    if (d == 128) return tree_kernel_prepare<kDTypeBF16, 128>(info);
-    if (d == 256) return tree_kernel_prepare<kDTypeBF16, 256>(info);
+// Kernel variant: 1 = bulk copies (copy engine), 0 = cp.async.
+int kernel_variant(const CudaTreeAttentionOptions& o) { return o.bulk_copy ? 1 : 0; }
+
+template <int V>
+int prepare_kernel_v(bool f16, int d, TreeKernelInfo& info) {
+  switch (d) {
+    case 64: return f16 ? tree_kernel_prepare<kDTypeF16, 64, V>(info) : tree_kernel_prepare<kDTypeBF16, 64, V>(info);
+    case 128: return f16 ? tree_kernel_prepare<kDTypeF16, 128, V>(info) : tree_kernel_prepare<kDTypeBF16, 128, V>(info);
+    case 256: return f16 ? tree_kernel_prepare<kDTypeF16, 256, V>(info) : tree_kernel_prepare<kDTypeBF16, 256, V>(info);
+    default: return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
 }
 
-int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
-  if (dtype == kDTypeF16) {
-    if (d == 64) return tree_kernel_launch<kDTypeF16, 64>(p, grid, stream);
-    if (d == 128) return tree_kernel_launch<kDTypeF16, 128>(p, grid, stream);
-    if (d == 256) return tree_kernel_launch<kDTypeF16, 256>(p, grid, stream);
-  } else {
-    if (d == 64) return tree_kernel_launch<kDTypeBF16, 64>(p, grid, stream);
-    if (d == 128) return tree_kernel_launch<kDTypeBF16, 128>(p, grid, stream);
-    if (d == 256) return tree_kernel_launch<kDTypeBF16, 256>(p, grid, stream);
+template <int V>
+int launch_kernel_v(bool f16, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+  switch (d) {
+    case 64: return f16 ? tree_kernel_launch<kDTypeF16, 64, V>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 64, V>(p, grid, stream);
+    case 128: return f16 ? tree_kernel_launch<kDTypeF16, 128, V>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 128, V>(p, grid, stream);
+    case 256: return f16 ? tree_kernel_launch<kDTypeF16, 256, V>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 256, V>(p, grid, stream);
+    default: return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
+}
+
+int prepare_kernel(int dtype, int d, int variant, TreeKernelInfo& info) {
+  return variant == 1 ? prepare_kernel_v<1>(dtype == kDTypeF16, d, info) : prepare_kernel_v<0>(dtype == kDTypeF16, d, info);
+}
+
+int launch_kernel(int dtype, int d, int variant, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+  return variant == 1 ? launch_kernel_v<1>(dtype == kDTypeF16, d, p, grid, stream)
+                      : launch_kernel_v<0>(dtype == kDTypeF16, d, p, grid, stream);
 }
 
 }  // namespace
@@ -62,6 +69,7 @@ struct CudaTreeAttention::Impl {
   float scale = 0;
   CudaTreeAttentionOptions options;
   TreeKernelInfo kinfo;
+  int variant = 0;
   int num_sms = 0;
   int grid = 0;
   int merge_grid = 0;
@@ -160,7 +168,8 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   int dev = 0;
   FT_CUDA_CHECK(cudaGetDevice(&dev));
   FT_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev));
-  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.kinfo));
+  m.variant = kernel_variant(options);
+  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.variant, m.kinfo));
   FT_CHECK(m.kinfo.ctas_per_sm >= 1, "CUDA tree attention: the kernel does not fit on an SM (" +
                                          str(m.kinfo.smem_bytes) + " bytes of shared memory)");
   const int per_sm = options.ctas_per_sm > 0 ? std::min(options.ctas_per_sm, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
@@ -248,6 +257,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     m.upload_pending = false;
   }
   m.used[kCounts] = sizeof(DeviceCounts);
+  m.used[kZeros] = kZeroBytes;
   m.used[kBlocks] = static_cast<size_t>(num_blocks) * sizeof(BlockDesc);
   m.used[kQinfo] = static_cast<size_t>(num_qinfo) * sizeof(QueryInfo);
   m.used[kSegments] = plan.segments.size() * sizeof(DeviceSegment);
@@ -287,11 +297,12 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
         const int64_t row = static_cast<int64_t>(it.out_row) + j;
         FT_CHECK(it.out_row >= 0 && row < rows_cap, "CUDA upload: item " + str(static_cast<int64_t>(i)) +
                                                         " writes partial row " + str(row) + " out of range");
-        dst = static_cast<int32_t>(nq + row);
+        dst = ~static_cast<int32_t>(row);
       }
       qinfo[qi++] = QueryInfo{q, dst};
     }
   }
+  std::memset(m.host_section<void>(kZeros), 0, kZeroBytes);
   DeviceCounts* counts = m.host_section<DeviceCounts>(kCounts);
   *counts = DeviceCounts{static_cast<int32_t>(num_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge), {0, 0}};
   static_assert(sizeof(PlanSegment) == sizeof(DeviceSegment));
@@ -337,16 +348,16 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.qinfo = m.device_section<QueryInfo>(kQinfo);
     p.segments = m.device_section<DeviceSegment>(kSegments);
     p.slots = m.device_section<int32_t>(kSlots);
+    p.zeros = m.device_section<void>(kZeros);
     p.work_counter = m.options.atomic_scheduler ? m.counter : nullptr;
-    p.num_queries = m.num_queries;
     p.num_qo_heads = m.shape.num_qo_heads;
     p.num_kv_heads = m.shape.num_kv_heads;
     p.gqa = m.shape.gqa();
     p.scale_log2 = m.scale * 1.4426950408889634f;
     if (p.work_counter != nullptr) FT_CUDA_CHECK(cudaMemsetAsync(m.counter, 0, sizeof(int), stream));
-    FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+    FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, m.variant, p, m.grid, stream));
   }
-  if (m.num_merge > 0) {
+  if (m.num_merge > 0 && m.options.run_merge) {
     MergeParams mp{};
     mp.counts = m.device_section<DeviceCounts>(kCounts);
     mp.merge_queries = m.device_section<int32_t>(kMergeQueries);

@@ -37,6 +37,10 @@ namespace fasttree {
 struct CudaTreeAttentionOptions {
   bool atomic_scheduler = true;  // CTAs pull units from an atomic counter; false: static round-robin
   int ctas_per_sm = 0;           // persistent CTAs per SM; 0 = as many as fit
+  bool bulk_copy = false;        // gather K/V/Q rows with the copy engine (cp.async.bulk, one
+                                 // instruction per row) instead of 16-byte cp.async; correct, but
+                                 // slower on H200 with 128-512 byte rows (src/cuda/PERF_NOTES.md)
+  bool run_merge = true;         // false (diagnostics only): skip the merge launch
 };
 
 class CudaTreeAttention {

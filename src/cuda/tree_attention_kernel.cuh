@@ -5,8 +5,9 @@
 // walks each unit's context chunk in tiles of kN = 64 tokens, resolves every token to its KV slot
 // through the vnode's segments and tree.slots, and gathers the token rows of K and V (and, on a unit's
 // first tile, the unit's Q rows) into shared memory with 16-byte cp.async. Stage s of the kStages-deep
-// ring is handed over with mbarriers: full[s] (32 producer lanes' cp.async arrivals + 1 arrival that
-// publishes the stage's TileMeta) and empty[s] (one arrival per consumer warp). The producer runs up
+// ring is handed over with mbarriers: full[s] (each producer lane arrives once when its cp.asyncs
+// land and once after its plain shared stores: TileMeta, row tables) and empty[s] (every consumer
+// thread arrives after its last read of the stage). The producer runs up
 // to kStages tiles ahead, across unit boundaries, so the next unit's loads are in flight while the
 // consumers finish the current one; its own latency chain (claim -> block descriptor -> segment
 // window and query ids -> slot ids -> cp.async) is software-pipelined three units / one tile deep.
@@ -24,6 +25,10 @@
 // coalesced float4 rows. Rows go to O[query] (+ LSE) for direct queries, else to partial rows that
 // the merge kernel (merge_kernel.cu) combines. TODO: fuse the merge (the last CTA to finish a query
 // merges it) to save a launch.
+//
+// Two copy variants (template V, see TreeKernelConfig): 16-byte cp.async into XOR-swizzled rows
+// (default), or copy-engine bulk copies of whole rows into padded rows. Measurements and the
+// known bottleneck (a single producer warp keeps too few bytes in flight) are in PERF_NOTES.md.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -34,21 +39,32 @@
 
 namespace fasttree::cuda_detail {
 
-template <int D>
+// Copy variant V (both keep every tile's invariant: rows up to round_up(count, 16) hold K/V or
+// zeros, rows of Q up to round_up(rows, 16) hold Q or zeros):
+//   V = 0  cp.async: 16-byte copies by the 32 producer lanes into rows whose 16-byte chunks are
+//          XOR-swizzled by row % 8; zero rows by cp.async zero-fill.
+//   V = 1  bulk copy (sm_90 copy engine, cp.async.bulk): one instruction per token row
+//          (d * 2 bytes) completing as mbarrier transactions; rows padded by 16 bytes (conflict-free
+//          ldmatrix without a swizzle); zero rows copied from a zero row in global memory. 16x fewer
+//          producer instructions per tile.
+template <int D, int V = 0>
 struct TreeKernelConfig {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");
+  static_assert(V == 0 || V == 1, "copy variant 0 (cp.async) or 1 (bulk copy)");
+  static constexpr bool kBulk = V == 1;
   static constexpr int kN = kKvTile;
   static constexpr int kM = kMaxBlockRows;
-  static constexpr int kStages = D <= 64 ? 4 : 2;
+  static constexpr int kStages = D <= 64 ? (kBulk ? 3 : 4) : 2;
   static constexpr int kConsumerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + 32;
   static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets
   static constexpr bool kQInRegs = D <= 128;           // d = 256 re-reads Q fragments from shared
-  // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kStages][kM][D] T,
+  static constexpr int kRowElems = kBulk ? D + 8 : D;   // shared row pitch in elements
+  // Shared memory (bytes): K/V ring [kStages][2][kN][kRowElems] T, Q slots [kStages][kM][kRowElems] T,
   // row tables [kStages][kM] int32 (destination, qo head), TileMeta [kStages], combine
   // (m, l) [4 warps][16 rows] float2, mbarriers full/empty [kStages].
-  static constexpr int kKvStageBytes = 2 * kN * D * 2;
-  static constexpr int kQSlotBytes = kM * D * 2;
+  static constexpr int kKvStageBytes = 2 * kN * kRowElems * 2;
+  static constexpr int kQSlotBytes = kM * kRowElems * 2;
   static constexpr int kQOff = kStages * kKvStageBytes;
   static constexpr int kRowDstOff = kQOff + kStages * kQSlotBytes;
   static constexpr int kRowHeadOff = kRowDstOff + kStages * kM * 4;
@@ -60,10 +76,15 @@ struct TreeKernelConfig {
   static_assert(4 * 16 * D * 4 <= kKvStageBytes);
 };
 
-// Element offset of (row, col) in a swizzled [rows][D] tile of 16-bit elements (col % 8 kept).
-template <int D>
+// Element offset of (row, col) in a shared [rows][D] tile of 16-bit elements: 16-byte chunks
+// XOR-swizzled by row % 8 (V = 0), or rows padded to D + 8 elements (V = 1).
+template <int D, int V = 0>
 __device__ __forceinline__ int swz(int row, int col) {
-  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  if constexpr (V == 1) {
+    return row * (D + 8) + col;
+  } else {
+    return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+  }
 }
 
 // TileMeta as stored in shared memory (one int4): unit (-1 = no more work), valid tokens, block
@@ -108,9 +129,9 @@ struct UnitCtx {
   int q[2], dst[2];
 };
 
-template <class T, int D>
+template <class T, int D, int V>
 struct Producer {
-  using Cfg = TreeKernelConfig<D>;
+  using Cfg = TreeKernelConfig<D, V>;
   static constexpr int kN = Cfg::kN;
   static constexpr int kCpr = D / 8;        // 16-byte chunks per row
   static constexpr int kRpp = 32 / kCpr;    // rows per warp-wide pass
@@ -126,18 +147,19 @@ struct Producer {
   __device__ Producer(const TreeAttnParams& params, const SmemLayout& smem, int lane_id)
       : p(params), s(smem), lane(lane_id) {
     num_units = p.counts->num_units;
-    if (p.work_counter != nullptr && lane == 0) pending = atomicAdd(p.work_counter, 1);
+    if (p.work_counter != nullptr && lane == 0) pending = static_cast<int>(gridDim.x) + atomicAdd(p.work_counter, 1);
   }
 
-  // Next unit for this CTA (>= num_units once the work is exhausted). The atomic result used now was
+  // Next unit for this CTA (>= num_units once the work is exhausted). CTA b's first unit is b; the
+  // later ones come from the counter (offset by the grid size), and the atomic result used now was
   // requested one call earlier, so its latency overlaps a unit's worth of work.
   __device__ int take() {
-    if (p.work_counter != nullptr) {
-      const int u = __shfl_sync(kFullMask, pending, 0);
-      if (lane == 0 && u < num_units) pending = atomicAdd(p.work_counter, 1);
-      return u;
+    if (static_next == 0 || p.work_counter == nullptr) {
+      return static_cast<int>(blockIdx.x) + (static_next++) * static_cast<int>(gridDim.x);
     }
-    return static_cast<int>(blockIdx.x) + (static_next++) * static_cast<int>(gridDim.x);
+    const int u = __shfl_sync(kFullMask, pending, 0);
+    if (lane == 0 && u < num_units) pending = static_cast<int>(gridDim.x) + atomicAdd(p.work_counter, 1);
+    return u;
   }
 
   __device__ void set_unit(UnitCtx& c, int unit) const {
@@ -228,7 +250,8 @@ struct Producer {
   }
 
   // Q rows of unit c into Q slot `qslot`, plus the slot's row tables (destination, qo head).
-  __device__ void issue_q(const UnitCtx& c, int qslot) const {
+  // Returns the bytes of asynchronous transactions it started on full[stage] (bulk variant).
+  __device__ uint32_t issue_q(const UnitCtx& c, int qslot, int stage) const {
     const T* qg = static_cast<const T*>(p.q);
     const uint32_t sq = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
     int64_t qoff[2];
@@ -244,26 +267,53 @@ struct Producer {
       }
     }
     const int fill = (c.d.rows + 15) & ~15;
-    const int sub = lane / kCpr, chunk = lane % kCpr;
+    if constexpr (Cfg::kBulk) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = lane + 32 * j;
+        if (r < fill)
+          bulk_copy_g2s(sq + swz<D, V>(r, 0) * 2, qoff[j] >= 0 ? static_cast<const void*>(qg + qoff[j]) : p.zeros, D * 2,
+                        &s.full[stage]);
+      }
+      return static_cast<uint32_t>(fill) * D * 2;
+    } else {
+      const int sub = lane / kCpr, chunk = lane % kCpr;
 #pragma unroll 4
-    for (int r0 = 0; r0 < fill; r0 += kRpp) {
-      const int row = r0 + sub;
-      const int64_t off = shfl_i64(r0 < 32 ? qoff[0] : qoff[1], row & 31);
-      const bool valid = off >= 0;
-      cp_async_16(sq + swz<D>(row, chunk * 8) * 2, qg + (valid ? off + chunk * 8 : 0), valid ? 16 : 0);
+      for (int r0 = 0; r0 < fill; r0 += kRpp) {
+        const int row = r0 + sub;
+        const int64_t off = shfl_i64(r0 < 32 ? qoff[0] : qoff[1], row & 31);
+        const bool valid = off >= 0;
+        cp_async_16(sq + swz<D, V>(row, chunk * 8) * 2, qg + (valid ? off + chunk * 8 : 0), valid ? 16 : 0);
+      }
+      return 0;
     }
   }
 
   // K and V rows of one tile into stage `stage`; rows in [count, round_up(count, 16)) are zeroed,
   // rows beyond are never read.
-  __device__ void issue_kv(const UnitCtx& c, int count, int stage, const int (&slot)[2]) const {
+  // Returns the bytes of asynchronous transactions it started on full[stage] (bulk variant).
+  __device__ uint32_t issue_kv(const UnitCtx& c, int count, int stage, const int (&slot)[2]) const {
     const T* kg = static_cast<const T*>(p.k);
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
-    const uint32_t sv = sk + kN * D * 2;
+    const uint32_t sv = sk + kN * Cfg::kRowElems * 2;
     const int64_t row_stride = static_cast<int64_t>(p.num_kv_heads) * D;
     const int64_t head_off = static_cast<int64_t>(c.kvh) * D;
     const int fill = (count + 15) & ~15;
+    if constexpr (Cfg::kBulk) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = lane + 32 * j;  // this lane holds row r's slot
+        if (r < fill) {
+          const bool valid = r < count;
+          const int64_t off = static_cast<int64_t>(slot[j]) * row_stride + head_off;
+          const uint32_t so = swz<D, V>(r, 0) * 2;
+          bulk_copy_g2s(sk + so, valid ? static_cast<const void*>(kg + off) : p.zeros, D * 2, &s.full[stage]);
+          bulk_copy_g2s(sv + so, valid ? static_cast<const void*>(vg + off) : p.zeros, D * 2, &s.full[stage]);
+        }
+      }
+      return static_cast<uint32_t>(fill) * D * 2 * 2;
+    }
     const int sub = lane / kCpr, chunk = lane % kCpr;
 #pragma unroll 8
     for (int ps = 0; ps < kPasses; ++ps) {
@@ -272,23 +322,34 @@ struct Producer {
         const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
         const bool valid = row < count;
         const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + head_off + chunk * 8 : 0;
-        const uint32_t so = swz<D>(row, chunk * 8) * 2;
+        const uint32_t so = swz<D, V>(row, chunk * 8) * 2;
         cp_async_16(sk + so, kg + off, valid ? 16 : 0);
         cp_async_16(sv + so, vg + off, valid ? 16 : 0);
       }
     }
+    return 0;
   }
 
-  // Publishes stage `stage`: meta by lane 0, then 32 cp.async arrivals + 1 plain arrival.
-  __device__ void publish(int stage, int4 meta) const {
+  // Publishes stage `stage`: meta by lane 0; every lane arrives once for its cp.async (when they
+  // land) and once for its plain shared stores (meta, row tables), so no ordering relies on
+  // __syncwarp.
+  // Bulk variant: one arrival per lane, lane 0's also expecting the stage's `tx_bytes`.
+  __device__ void publish(int stage, int4 meta, uint32_t tx_bytes) const {
     if (lane == 0) s.meta[stage] = meta;
-    mbar_arrive_cp_async(&s.full[stage]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&s.full[stage]);
+    if constexpr (Cfg::kBulk) {
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&s.full[stage], tx_bytes);
+      } else {
+        mbar_arrive(&s.full[stage]);
+      }
+    } else {
+      mbar_arrive_cp_async(&s.full[stage]);
+      mbar_arrive(&s.full[stage]);
+    }
   }
 
   __device__ void run() {
-    UnitCtx a, b, c;
+    UnitCtx a, b, c;  // current unit, next (window + query ids loaded), next-next (descriptor loaded)
     set_unit(a, take());
     load_unit_data(a);
     set_unit(b, take());
@@ -298,30 +359,27 @@ struct Producer {
     int stage = 0;
     uint32_t parity = 1;  // empty barriers: the first round passes at once
     int unit_seq = 0, t = 0;
-    int slot_cur[2] = {0, 0}, slot_nxt[2] = {0, 0};
-    if (a.unit < num_units) tile_slots(a, 0, slot_cur);
+    // Slot ids of the tile issued next. They are loaded at the end of the previous iteration, straight
+    // into the registers that issue_kv reads, so their latency overlaps the empty-barrier wait and no
+    // register copy has to wait for them.
+    int slots[2] = {0, 0};
+    if (a.unit < num_units) tile_slots(a, 0, slots);
     while (a.unit < num_units) {
       const int ntiles = (a.d.kv_len + kN - 1) / kN;
       const bool last = t == ntiles - 1;
-      if (!last) {
-        tile_slots(a, t + 1, slot_nxt);
-      } else if (b.unit < num_units) {
-        tile_slots(b, 0, slot_nxt);
-      }
       mbar_wait(&s.empty[stage], parity);
       const int count = min(kN, a.d.kv_len - t * kN);
       const int qslot = unit_seq % Cfg::kStages;
-      if (t == 0) issue_q(a, qslot);
-      issue_kv(a, count, stage, slot_cur);
+      uint32_t tx = 0;
+      if (t == 0) tx += issue_q(a, qslot, stage);
+      tx += issue_kv(a, count, stage, slots);
       const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
                         (a.d.row_groups << 4) | (qslot << 8);
-      publish(stage, make_int4(a.unit, count, a.d.rows, flags));
+      publish(stage, make_int4(a.unit, count, a.d.rows, flags), tx);
       if (++stage == Cfg::kStages) {
         stage = 0;
         parity ^= 1;
       }
-      slot_cur[0] = slot_nxt[0];
-      slot_cur[1] = slot_nxt[1];
       if (last) {
         a = b;
         b = c;
@@ -332,9 +390,10 @@ struct Producer {
       } else {
         ++t;
       }
+      if (a.unit < num_units) tile_slots(a, t, slots);
     }
     mbar_wait(&s.empty[stage], parity);
-    publish(stage, make_int4(-1, 0, 0, 0));
+    publish(stage, make_int4(-1, 0, 0, 0), 0);
     cp_async_wait_all();
   }
 };
@@ -342,9 +401,9 @@ struct Producer {
 // ------------------------------------------------------------------------------------------------
 // Consumers (warps 0-3)
 
-template <class T, int D>
+template <class T, int D, int V>
 struct Consumer {
-  using Cfg = TreeKernelConfig<D>;
+  using Cfg = TreeKernelConfig<D, V>;
   static constexpr int kN = Cfg::kN;
   static constexpr int kDT = D / 8;  // n-tiles of 8 output columns
   static constexpr int kKSteps = D / 16;
@@ -372,7 +431,7 @@ struct Consumer {
     if constexpr (Cfg::kQInRegs) {
       const int row = row_base + (lane & 15);
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_base + swz<D>(row, kk * 16 + (lane >> 4) * 8) * 2);
+      for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_base + swz<D, V>(row, kk * 16 + (lane >> 4) * 8) * 2);
     }
   }
 
@@ -394,7 +453,7 @@ struct Consumer {
         a[2] = qf[kk][2];
         a[3] = qf[kk][3];
       } else {
-        ldmatrix_x4(a, q_base + swz<D>(row_base + (lane & 15), kk * 16 + (lane >> 4) * 8) * 2);
+        ldmatrix_x4(a, q_base + swz<D, V>(row_base + (lane & 15), kk * 16 + (lane >> 4) * 8) * 2);
       }
 #pragma unroll
       for (int j = 0; j < NT / 2; ++j) {
@@ -402,7 +461,7 @@ struct Consumer {
           const int row = cb + 16 * j + ((lane >> 4) << 3) + (lane & 7);
           const int col = kk * 16 + (((lane >> 3) & 1) << 3);
           uint32_t bk[4];
-          ldmatrix_x4(bk, k_base + swz<D>(row, col) * 2);
+          ldmatrix_x4(bk, k_base + swz<D, V>(row, col) * 2);
           mma_16816<T>(sc[2 * j], a, bk[0], bk[1]);
           mma_16816<T>(sc[2 * j + 1], a, bk[2], bk[3]);
         }
@@ -464,7 +523,7 @@ struct Consumer {
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_base + swz<D>(row, (2 * dn + (lane >> 4)) * 8) * 2);
+          ldmatrix_x4_trans(bv, v_base + swz<D, V>(row, (2 * dn + (lane >> 4)) * 8) * 2);
           mma_16816<T>(o[2 * dn], a, bv[0], bv[1]);
           mma_16816<T>(o[2 * dn + 1], a, bv[2], bv[3]);
         }
@@ -476,11 +535,11 @@ struct Consumer {
   __device__ void row_dest(int qslot, int r, float*& orow, float*& lrow) const {
     const int dst = s.row_dst[qslot * Cfg::kM + r];
     const int h = s.row_head[qslot * Cfg::kM + r];
-    if (dst < p.num_queries) {
+    if (dst >= 0) {
       orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
       lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
     } else {
-      const int64_t pr = dst - p.num_queries;
+      const int64_t pr = ~dst;
       orow = p.partial + (pr * p.num_qo_heads + h) * D;
       lrow = p.partial_lse + pr * p.num_qo_heads + h;
     }
@@ -577,6 +636,8 @@ struct Consumer {
       row_dest(qslot, row, orow, lrow);
       *reinterpret_cast<float4*>(orow + c4 * 4) = acc;
     }
+    // The scratch lives in the stage's K/V space, which the copy engine (async proxy) rewrites next.
+    if constexpr (Cfg::kBulk) fence_proxy_async_shared();
   }
 
   template <int R>
@@ -589,7 +650,7 @@ struct Consumer {
     unsigned char* kv = s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes;
     const uint32_t q_base = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
     const uint32_t k_base = smem_addr(kv);
-    const uint32_t v_base = k_base + kN * D * 2;
+    const uint32_t v_base = k_base + kN * Cfg::kRowElems * 2;
     if (first) {
       reset();
       if (active) load_q_regs(q_base, row_base);
@@ -623,8 +684,7 @@ struct Consumer {
       } else {
         tile<1>(stage, qslot, count, rows, first, last);
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&s.empty[stage]);
+      mbar_arrive(&s.empty[stage]);  // every thread, after its last read of the stage
       if (++stage == Cfg::kStages) {
         stage = 0;
         parity ^= 1;
@@ -633,10 +693,10 @@ struct Consumer {
   }
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfig<D>::kMinBlocks)
+template <class T, int D, int V>
+__global__ void __launch_bounds__(TreeKernelConfig<D, V>::kThreads, TreeKernelConfig<D, V>::kMinBlocks)
     tree_attention_kernel(const TreeAttnParams p) {
-  using Cfg = TreeKernelConfig<D>;
+  using Cfg = TreeKernelConfig<D, V>;
   extern __shared__ __align__(128) unsigned char smem[];
   SmemLayout s;
   s.kv = smem;
@@ -649,17 +709,17 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
   s.empty = s.full + Cfg::kStages;
   if (threadIdx.x == 0) {
     for (int i = 0; i < Cfg::kStages; ++i) {
-      mbar_init(&s.full[i], 33);  // 32 cp.async arrivals + the meta arrival
-      mbar_init(&s.empty[i], 4);  // one per consumer warp
+      mbar_init(&s.full[i], Cfg::kBulk ? 32 : 64);   // producer lanes: (cp.async +) plain arrival each
+      mbar_init(&s.empty[i], Cfg::kConsumerThreads);  // every consumer thread
     }
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 4) {
-    Producer<T, D> prod(p, s, lane);
+    Producer<T, D, V> prod(p, s, lane);
     prod.run();
   } else {
-    Consumer<T, D> cons(p, s, warp, lane);
+    Consumer<T, D, V> cons(p, s, warp, lane);
     cons.run();
   }
 }
