@@ -2,8 +2,9 @@
 # Everything that needs the GPU machine, in one call (run there from the repo root, with the build
 # folder made here by `scripts/gpu_build.sh` carried along):
 #   bash scripts/gpu_run.sh BUILD_DIR COMMIT [STEPS]
-# STEPS is a comma list of: check (CUDA tests + compute-sanitizer), bench (paper suite -> CSV),
-# calibrate (planner constants grid search), planner (planner benchmark on that CPU).
+# STEPS is a comma list of: check (CUDA tests + compute-sanitizer), calibrate (planner constants grid
+# search; its winner is passed to bench as flags), bench (paper suite -> CSV), planner (planner
+# benchmark on that CPU).
 # Results land in $OUT (or ./out when OUT is unset).
 set -uo pipefail
 B=${1:-build-gpu}
@@ -18,13 +19,16 @@ if has check; then
   echo "== CUDA tests + sanitizers =="
   bash scripts/gpu_check.sh "$B" 2>&1 | tee "$OUT/gpu_check.log" || status=1
 fi
-if has bench; then
-  echo "== paper suite =="
-  "$B/fasttree" bench --suite paper --csv "$OUT/h200-paper-suite.csv" --commit "$COMMIT" 2>&1 | tee "$OUT/bench.log" || status=1
-fi
 if has calibrate; then
   echo "== calibration =="
-  "$B/fasttree" calibrate --csv "$OUT/calibration.csv" 2>&1 | tee "$OUT/calibrate.log" || status=1
+  "$B/fasttree" calibrate --csv "$OUT/calibration.csv" --flags-out "$OUT/planner_flags.txt" 2>&1 | tee "$OUT/calibrate.log" || status=1
+fi
+if has bench; then
+  FLAGS=""
+  [[ -f "$OUT/planner_flags.txt" ]] && FLAGS=$(cat "$OUT/planner_flags.txt")
+  echo "== paper suite (planner flags: ${FLAGS:-defaults}) =="
+  # shellcheck disable=SC2086
+  "$B/fasttree" bench --suite paper --csv "$OUT/h200-paper-suite.csv" --commit "$COMMIT" $FLAGS 2>&1 | tee "$OUT/bench.log" || status=1
 fi
 if has planner; then
   echo "== planner benchmark (this machine's CPU) =="

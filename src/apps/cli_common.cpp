@@ -53,6 +53,9 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--alpha", opt.alpha, "Cost model alpha (query padding)");
   cmd.add_option("--beta", opt.beta, "Cost model beta (KV padding)");
   cmd.add_option("--gamma", opt.gamma, "Cost model gamma (per extra partial)");
+  cmd.add_option("--min-chunk", opt.min_chunk, "Shortest context chunk when splitting");
+  cmd.add_option("--split-waves", opt.split_waves, "Split so the work fills this many waves of SMs");
+  cmd.add_option("--tile-rows", opt.tile_rows, "Tile classes as query rows per tile, e.g. 64,32,16");
 }
 
 PlannerConfig make_planner_config(const PlannerOptions& opt) {
@@ -61,9 +64,29 @@ PlannerConfig make_planner_config(const PlannerOptions& opt) {
   cfg.split = !opt.no_split;
   FT_CHECK(opt.num_sms > 0 && opt.num_sms <= 4096, "--num-sms must be in [1, 4096]");
   cfg.num_sms = opt.num_sms;
-  if (opt.alpha >= 0) cfg.alpha = opt.alpha;
-  if (opt.beta >= 0) cfg.beta = opt.beta;
-  if (opt.gamma >= 0) cfg.gamma = opt.gamma;
+  for (const auto& [value, name] : {std::pair{opt.alpha, "--alpha"}, {opt.beta, "--beta"}, {opt.gamma, "--gamma"}})
+    FT_CHECK(!value || (*value >= 0 && *value < 1e12), std::string(name) + " must be a non-negative number");
+  if (opt.alpha) cfg.alpha = *opt.alpha;
+  if (opt.beta) cfg.beta = *opt.beta;
+  if (opt.gamma) cfg.gamma = *opt.gamma;
+  if (opt.min_chunk) {
+    FT_CHECK(*opt.min_chunk >= 1, "--min-chunk must be >= 1");
+    cfg.min_chunk = *opt.min_chunk;
+  }
+  if (opt.split_waves) {
+    FT_CHECK(*opt.split_waves > 0 && *opt.split_waves <= 1000, "--split-waves must be in (0, 1000]");
+    cfg.split_waves = *opt.split_waves;
+  }
+  if (!opt.tile_rows.empty()) {
+    const auto rows = parse_int_list(opt.tile_rows, "--tile-rows");
+    FT_CHECK(!rows.empty() && rows.size() <= static_cast<size_t>(kMaxTileClasses),
+             "--tile-rows: give 1 to " + std::to_string(kMaxTileClasses) + " classes");
+    cfg.num_tile_classes = static_cast<int>(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      FT_CHECK(rows[i] >= 1 && rows[i] <= 4096, "--tile-rows: rows must be in [1, 4096]");
+      cfg.tile_classes[i] = TileClass{static_cast<int>(rows[i]), 64};
+    }
+  }
   return cfg;
 }
 

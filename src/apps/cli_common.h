@@ -2,6 +2,7 @@
 // switches. Each add_* registers the options on a subcommand; the matching make_* turns the parsed
 // values into library objects (throwing fasttree::Error on bad values).
 #pragma once
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -32,7 +33,10 @@ struct PlannerOptions {
   std::string edges = "greedy";
   bool no_split = false;
   int num_sms = 132;
-  double alpha = -1, beta = -1, gamma = -1;
+  std::optional<double> alpha, beta, gamma;
+  std::optional<int64_t> min_chunk;
+  std::optional<double> split_waves;
+  std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults
 };
 void add_planner_options(CLI::App& cmd, PlannerOptions& opt);
 PlannerConfig make_planner_config(const PlannerOptions& opt);

@@ -29,6 +29,8 @@ struct CalibrateCmd {
   int iters = 20;
   std::string alphas = "0.33,0.66,1.5", betas = "0.1,0.33,1", gammas = "0.1,30,300,3000";
   std::string min_chunks = "128,256,512,1024", waves = "0.5,1,2";
+  std::string tile_sets = "64,16;64,32,16";
+  std::string flags_out;  // writes the winner as planner flags for `fasttree bench`
 };
 
 uint64_t plan_hash(const Plan& p) {
@@ -40,6 +42,17 @@ uint64_t plan_hash(const Plan& p) {
   for (int32_t v : p.vnode_node) mix(v);
   for (int32_t q : p.vnode_queries) mix(q);
   return h;
+}
+
+std::string tile_rows_str(const PlannerConfig& cfg) {
+  std::string s;
+  for (int t = 0; t < cfg.num_tile_classes; ++t) s += (t ? "," : "") + std::to_string(cfg.tile_classes[t].q_rows);
+  return s;
+}
+
+std::string planner_flags(const PlannerConfig& r) {
+  return fmt::format("--alpha {} --beta {} --gamma {} --min-chunk {} --split-waves {} --tile-rows {}", r.alpha, r.beta, r.gamma,
+                     r.min_chunk, r.split_waves, tile_rows_str(r));
 }
 
 std::vector<double> doubles(const std::string& s, const std::string& what) {
@@ -79,8 +92,17 @@ void run_calibrate(const CalibrateCmd& c) {
   std::vector<Result> results;
   std::FILE* csv = c.csv.empty() ? nullptr : std::fopen(c.csv.c_str(), "w");
   FT_CHECK(c.csv.empty() || csv != nullptr, c.csv + ": cannot open for writing");
-  if (csv) std::fputs("alpha,beta,gamma,min_chunk,split_waves,geomean_over_floor,distinct_plans_timed\n", csv);
+  if (csv) std::fputs("tile_rows,alpha,beta,gamma,min_chunk,split_waves,geomean_over_floor,distinct_plans_timed\n", csv);
+  std::vector<std::vector<double>> tile_sets;
+  for (size_t pos = 0; pos <= c.tile_sets.size();) {
+    const size_t e = std::min(c.tile_sets.find(';', pos), c.tile_sets.size());
+    tile_sets.push_back(doubles(c.tile_sets.substr(pos, e - pos), "--tile-sets"));
+    FT_CHECK(!tile_sets.back().empty() && tile_sets.back().size() <= static_cast<size_t>(kMaxTileClasses),
+             "--tile-sets: each set holds 1 to 4 row counts");
+    pos = e + 1;
+  }
   Plan plan;
+  for (const auto& tiles : tile_sets)
   for (double a : doubles(c.alphas, "--alphas"))
     for (double b : doubles(c.betas, "--betas"))
       for (double g : doubles(c.gammas, "--gammas"))
@@ -90,6 +112,8 @@ void run_calibrate(const CalibrateCmd& c) {
             cfg.alpha = a, cfg.beta = b, cfg.gamma = g;
             cfg.min_chunk = std::max<int64_t>(1, static_cast<int64_t>(mc));
             cfg.split_waves = std::max(0.01, w);
+            cfg.num_tile_classes = static_cast<int>(tiles.size());
+            for (size_t t = 0; t < tiles.size(); ++t) cfg.tile_classes[t] = TileClass{std::max(1, static_cast<int>(tiles[t])), 64};
             Planner planner(cfg);
             double log_sum = 0;
             for (size_t i = 0; i < cells.size(); ++i) {
@@ -101,21 +125,29 @@ void run_calibrate(const CalibrateCmd& c) {
                 opt.iters = c.iters;
                 opt.warmup = 5;
                 opt.use_graph = true;
+                opt.gpu_warmup_ms = 2;
                 it = timed.emplace(key, cuda_time_plan(plan, cells[i].tree, cells[i].shape, dt, opt).median_us).first;
               }
               log_sum += std::log(it->second / floors[i]);
             }
             const double gm = std::exp(log_sum / cells.size());
             results.push_back({cfg, gm});
-            if (csv) std::fprintf(csv, "%g,%g,%g,%lld,%g,%.4f,%zu\n", a, b, g, static_cast<long long>(cfg.min_chunk), w, gm, timed.size());
+            if (csv)
+              std::fprintf(csv, "%s,%g,%g,%g,%lld,%g,%.4f,%zu\n", tile_rows_str(cfg).c_str(), a, b, g,
+                           static_cast<long long>(cfg.min_chunk), w, gm, timed.size());
           }
   if (csv) std::fclose(csv);
   std::sort(results.begin(), results.end(), [](const Result& x, const Result& y) { return x.geomean < y.geomean; });
   fmt::print("{} configurations, {} distinct plans timed; best by geomean(time / floor):\n", results.size(), timed.size());
   for (size_t i = 0; i < std::min<size_t>(10, results.size()); ++i) {
     const PlannerConfig& r = results[i].cfg;
-    fmt::print("  alpha {:<5} beta {:<5} gamma {:<6} min_chunk {:<5} split_waves {:<4} -> {:.3f}\n", r.alpha, r.beta, r.gamma,
-               r.min_chunk, r.split_waves, results[i].geomean);
+    fmt::print("  {} -> {:.3f}\n", planner_flags(r), results[i].geomean);
+  }
+  if (!c.flags_out.empty() && !results.empty()) {
+    std::FILE* f = std::fopen(c.flags_out.c_str(), "w");
+    FT_CHECK(f != nullptr, c.flags_out + ": cannot open for writing");
+    std::fprintf(f, "%s\n", planner_flags(results[0].cfg).c_str());
+    std::fclose(f);
   }
 }
 
@@ -133,6 +165,8 @@ void register_calibrate_command(CLI::App& app) {
   cmd->add_option("--gammas", c->gammas, "Candidate gammas")->capture_default_str();
   cmd->add_option("--min-chunks", c->min_chunks, "Candidate min_chunk values")->capture_default_str();
   cmd->add_option("--waves", c->waves, "Candidate split_waves values")->capture_default_str();
+  cmd->add_option("--tile-sets", c->tile_sets, "Candidate tile-class sets (rows), ';'-separated")->capture_default_str();
+  cmd->add_option("--flags-out", c->flags_out, "Write the best configuration as planner flags to this file");
   cmd->callback([c] { run_calibrate(*c); });
 }
 
