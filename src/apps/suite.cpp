@@ -12,7 +12,9 @@ namespace fasttree {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
+// Splits a CSV line (a trailing '\r' of CRLF files is dropped).
+std::vector<std::string> split(std::string s, char sep) {
+  if (!s.empty() && s.back() == '\r') s.pop_back();
   std::vector<std::string> out;
   std::stringstream ss(s);
   for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
