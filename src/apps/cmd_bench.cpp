@@ -13,11 +13,10 @@
 
 #include "apps/cli_common.h"
 #include "apps/commands.h"
+#include "apps/plan_check.h"
 #include "apps/suite.h"
 #include "core/error.h"
-#include "core/half.h"
 #include "core/tree_gen.h"
-#include "cpu/reference.h"
 #include "cuda/backend.h"
 #include "cuda/per_request.h"
 #include "plan/plan_stats.h"
@@ -57,45 +56,6 @@ std::string spaced(const std::string& commas) {
   std::string s = commas;
   std::replace(s.begin(), s.end(), ',', ' ');
   return s;
-}
-
-// Max |gpu - ref| / max|ref| over a sample of queries (fp64 reference on dtype-rounded inputs).
-double check_cell(const Cell& c, const Plan& plan, KvDType dtype, int sample, uint64_t seed) {
-  const AttnShape& sh = c.shape;
-  const int64_t nq = c.tree.num_queries(), slots = std::max<int64_t>(1, max_slot_plus_one(c.tree));
-  const int64_t row = static_cast<int64_t>(sh.num_qo_heads) * sh.head_dim;
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  auto rounded = [&](int64_t n) {
-    std::vector<float> x(n);
-    for (float& e : x) e = dtype == KvDType::kF16 ? half_to_float(float_to_half(dist(rng))) : bf16_to_float(float_to_bf16(dist(rng)));
-    return x;
-  };
-  const auto q = rounded(nq * row);
-  const auto k = rounded(slots * sh.num_kv_heads * sh.head_dim);
-  const auto v = rounded(slots * sh.num_kv_heads * sh.head_dim);
-  std::vector<float> out(nq * row, NAN), lse(nq * sh.num_qo_heads, NAN);
-  cuda_attention(plan, c.tree, sh, dtype, q, k, v, sh.default_sm_scale(), out, lse);
-  // Reference on a query sample: same nodes, a subset of the queries.
-  KvTree sub = c.tree;
-  sub.query_node.clear();
-  std::vector<int64_t> picked;
-  for (int i = 0; i < sample && i < nq; ++i) picked.push_back(sample >= nq ? i : static_cast<int64_t>(rng() % nq));
-  std::vector<float> sub_q;
-  for (int64_t p : picked) {
-    sub.query_node.push_back(c.tree.query_node[p]);
-    sub_q.insert(sub_q.end(), q.begin() + p * row, q.begin() + (p + 1) * row);
-  }
-  std::vector<float> ref(picked.size() * row), ref_lse(picked.size() * sh.num_qo_heads);
-  reference_attention(sub, sh, sub_q, k, v, sh.default_sm_scale(), ref, ref_lse);
-  double max_err = 0, max_ref = 1e-30;
-  for (size_t i = 0; i < picked.size(); ++i)
-    for (int64_t j = 0; j < row; ++j) {
-      const double r = ref[i * row + j], g = out[picked[i] * row + j];
-      max_err = std::isnan(g) ? INFINITY : std::max(max_err, std::fabs(g - r));
-      max_ref = std::max(max_ref, std::fabs(r));
-    }
-  return max_err / max_ref;
 }
 
 void run_bench(const BenchCmd& c) {
@@ -167,9 +127,13 @@ void run_bench(const BenchCmd& c) {
       CudaTimingOptions topt_ng = topt;
       topt_ng.use_graph = false;
       const double ft_nograph = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_ng).median_us;
-      const double err = c.check_queries > 0 ? check_cell(cell, plan, dt, c.check_queries, 1234) : NAN;
-      const double tol = dt == KvDType::kF16 ? 5e-3 : 2e-2;
-      const bool ok = !(err > tol) && !std::isnan(ft);
+      double err = NAN;
+      bool ok = !std::isnan(ft);
+      if (c.check_queries > 0) {
+        const PlanCheckResult chk = check_plan_on_gpu(plan, cell.tree, cell.shape, dt, c.check_queries, 1234);
+        err = chk.rel_err();
+        ok = ok && err <= (dt == KvDType::kF16 ? 5e-3 : 2e-2) && chk.max_lse_err <= 1e-3;
+      }
       failures += ok ? 0 : 1;
       const double floor = floor_us(ts.unique_tokens, ts.sum_path_len, cell.shape, 2);
       const double bw = kv_bytes(ts.unique_tokens, cell.shape, 2) / (ft * 1e-6) / 1e12;
