@@ -2,7 +2,9 @@
 # GPU checks, run ON the GPU machine from the repository root with an already-built folder:
 #   bash scripts/gpu_check.sh [build-dir]        (default build-cuda)
 # 1. the CUDA tests (CudaAttention.*), 2. compute-sanitizer memcheck and 3. racecheck on a small
-# subset, 4. (unless GPU_CHECK_TIMING=0) the timing table of some of the paper's trees. A step that
+# subset, 4. (unless GPU_CHECK_TIMING=0) the timing table of the paper's suite (45 cells, fused and
+# separate merge; FT_TIMING_ONLY / FT_TIMING_ITERS narrow it, see the test), 5. (unless
+# GPU_CHECK_PROFILE=0) Nsight Compute on one cell. A step that
 # times out (a hang) skips the steps after it. Logs go to $OUT when set (the device tool's result
 # folder), else to ./gpu_check_logs. Prints a summary last; exits non-zero when a step failed.
 set -uo pipefail
@@ -47,7 +49,7 @@ if [ "${GPU_CHECK_TIMING:-1}" != 0 ]; then
   # SM clock / power every 50 ms while timing (the numbers mean little if the clocks never rose).
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader -lms 50 >"$LOGS/clocks.log" 2>&1 &
   smi=$!
-  step timing 120 "$TESTS" --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_Timing*'
+  step timing 240 "$TESTS" --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_Timing*'
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null
   awk -F', ' '{gsub(/ MHz/, "", $1); n++; s += $1; if (min == "" || $1 < min) min = $1; if ($1 > max) max = $1}
@@ -57,9 +59,10 @@ if [ "${GPU_CHECK_TIMING:-1}" != 0 ]; then
 fi
 
 if [ "${GPU_CHECK_PROFILE:-1}" != 0 ] && command -v ncu >/dev/null; then
-  # Nsight Compute on one launch of each kernel variant (clocks left alone); full report in ncu.txt.
+  # Nsight Compute on one tree-kernel launch (clocks left alone; FT_PROFILE_CELL picks the cell, see
+  # the test); full report in ncu.txt.
   step profile 150 ncu --clock-control none --set full --print-details all --kernel-name regex:tree_attention_kernel \
-    --launch-count 2 "$TESTS" --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_ProfileOneCell'
+    --launch-count 1 "$TESTS" --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_ProfileOneCell'
   mv "$LOGS/profile.log" "$LOGS/ncu.txt" 2>/dev/null
   grep -E "tree_attention_kernel|^    Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|No Eligible|Stall" \
     "$LOGS/ncu.txt" | head -n 60

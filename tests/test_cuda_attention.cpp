@@ -5,7 +5,8 @@
 // Inputs are uniform in [-1, 1] and rounded to the device dtype BEFORE the reference is computed,
 // so the only differences are fp32 accumulation and the rounding of P to the dtype for P·V.
 // Device outputs (and the partial workspace) are poisoned with NaN before each run, so an unwritten
-// element fails. Every check runs both kernel copy variants (cp.async, bulk copy). Tolerances (absolute, outputs are averages of values in [-1, 1], |O| <= 1):
+// element fails. Every check runs both merge modes (fused into the tree kernel, separate launch).
+// Tolerances (absolute, outputs are averages of values in [-1, 1], |O| <= 1):
 //   out: max |gpu - ref| <= 5e-3 (fp16: P carries 11 bits) or 2e-2 (bf16: 8 bits)
 //   lse: |gpu - ref| <= 1e-3 * max(1, |ref|) (P rounding does not enter the LSE); -inf == -inf.
 #include <gtest/gtest.h>
@@ -14,7 +15,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -97,19 +101,19 @@ struct Reference {
   }
 };
 
-// Runs `plan` on the GPU (poisoned outputs) with both kernel copy variants (cp.async and bulk
-// copy) and checks each against the reference; returns the worst errors.
+// Runs `plan` on the GPU (poisoned outputs) with the merge fused and separate, and checks each
+// against the reference; returns the worst errors.
 Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, KvDType t, const Tensors& x,
                      const Reference& ref, float scale, const std::string& what, CudaRunOptions opt = {}) {
   opt.poison_outputs = true;
   Errors worst;
-  for (bool bulk : {false, true}) {
-    opt.bulk_copy = bulk;
+  for (bool fused : {true, false}) {
+    opt.fuse_merge = fused;
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
     const Errors e = compare(out, lse, ref.out, ref.lse);
-    EXPECT_LE(e.out, out_tol(t)) << what << (bulk ? " [bulk]" : " [cp.async]");
-    EXPECT_LE(e.lse, 1e-3) << what << (bulk ? " [bulk]" : " [cp.async]");
+    EXPECT_LE(e.out, out_tol(t)) << what << (fused ? " [fused merge]" : " [merge launch]");
+    EXPECT_LE(e.lse, 1e-3) << what << (fused ? " [fused merge]" : " [merge launch]");
     worst.out = std::max(worst.out, e.out);
     worst.lse = std::max(worst.lse, e.lse);
   }
@@ -322,8 +326,45 @@ TEST(CudaAttention, TileRowsBeyondClasses) {
   }
 }
 
+// KV slots in shuffled 16-token pages (the kernel's slot runs break every page, tiles cross runs),
+// and a chain of 150 tiny nodes with a gap after each node's slots (one run per node: vnodes of
+// more than 32 runs, so the kernel's run window slides).
+TEST(CudaAttention, PagedAndFragmentedSlots) {
+  SKIP_WITHOUT_GPU();
+  KvTree levels = tree_from_levels(std::vector<int64_t>{1, 6, 18}, std::vector<int64_t>{300, 70, 25});
+  {
+    const int64_t pages = (max_slot_plus_one(levels) + 15) / 16;
+    std::vector<int32_t> perm(pages);
+    for (int64_t i = 0; i < pages; ++i) perm[i] = static_cast<int32_t>(i);
+    std::mt19937 rng(42);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int32_t& slot : levels.slots) slot = perm[slot / 16] * 16 + slot % 16;
+  }
+  KvTree chain;
+  int prev = -1;
+  int32_t next_slot = 0;
+  auto gapped = [&](int parent, int len) {
+    std::vector<int32_t> sl(len);
+    for (int32_t& x : sl) x = next_slot++;
+    ++next_slot;  // gap
+    return chain.add_node(parent, sl);
+  };
+  for (int i = 0; i < 150; ++i) prev = gapped(prev, 1 + i % 3);
+  for (int i = 0; i < 5; ++i) chain.add_query(gapped(prev, 10 + i));
+  for (const KvTree* tree : {&levels, &chain}) {
+    for (const AttnShape s : {AttnShape{8, 8, 128}, AttnShape{16, 1, 64}}) {
+      const Tensors x(*tree, s, KvDType::kF16, 31);
+      const Reference ref(*tree, s, x, s.default_sm_scale());
+      for (const PlanVariant& v : kVariants)
+        run_and_check(make_plan(*tree, s, v), *tree, s, KvDType::kF16, x, ref, s.default_sm_scale(),
+                      std::string(tree == &levels ? "paged " : "fragmented ") + v.name);
+    }
+  }
+}
+
 // Graph replay and the static scheduler give bit-identical results (every unit is computed the same
-// way whichever CTA runs it).
+// way whichever CTA runs it); repeated launches re-poison the outputs first, so they also prove
+// that the kernels leave their counters ready for the next launch.
 TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   SKIP_WITHOUT_GPU();
   const KvTree tree = tree_from_levels(std::vector<int64_t>{1, 8, 32}, std::vector<int64_t>{700, 90, 17});
@@ -343,13 +384,26 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   CudaRunOptions round_robin = plain;
   round_robin.atomic_scheduler = false;
   round_robin.repeats = 2;
-  CudaRunOptions bulk = graph;
-  bulk.bulk_copy = true;
-  for (const CudaRunOptions& opt : {graph, round_robin, bulk}) {
+  CudaRunOptions plain_repeat = plain;
+  plain_repeat.repeats = 3;
+  CudaRunOptions fused = graph;
+  fused.fuse_merge = true;
+  CudaRunOptions fused_rr = plain_repeat;
+  fused_rr.fuse_merge = true;
+  fused_rr.atomic_scheduler = false;
+  for (const CudaRunOptions& opt : {graph, round_robin, plain_repeat}) {
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
     EXPECT_EQ(out, base);
     EXPECT_EQ(lse, base_lse);
+  }
+  // The fused merge runs the same per-row arithmetic in another kernel: equal up to rounding.
+  for (const CudaRunOptions& opt : {fused, fused_rr}) {
+    std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
+    const Errors e = compare(out, lse, base, base_lse);
+    EXPECT_LE(e.out, 1e-6);
+    EXPECT_LE(e.lse, 1e-6);
   }
   // lse may be omitted.
   std::vector<float> out(x.q.size(), NAN);
@@ -372,15 +426,15 @@ TEST(CudaAttention, PerRequestBaseline) {
         const Tensors x(*tree, s, t, 50 + i++);
         const float scale = s.default_sm_scale();
         const Reference ref(*tree, s, x, scale);
-        for (bool bulk : {false, true}) {
+        for (bool fused : {true, false}) {
           std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
           CudaRunOptions opt;
           opt.poison_outputs = true;
-          opt.bulk_copy = bulk;
+          opt.fuse_merge = fused;
           cuda_attention_per_request(*tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
           const Errors e = compare(out, lse, ref.out, ref.lse);
-          EXPECT_LE(e.out, out_tol(t)) << dtype_name(t) << " d=" << s.head_dim << " bulk " << bulk;
-          EXPECT_LE(e.lse, 1e-3) << dtype_name(t) << " d=" << s.head_dim << " bulk " << bulk;
+          EXPECT_LE(e.out, out_tol(t)) << dtype_name(t) << " d=" << s.head_dim << " fused " << fused;
+          EXPECT_LE(e.lse, 1e-3) << dtype_name(t) << " d=" << s.head_dim << " fused " << fused;
         }
       }
     }
@@ -412,79 +466,127 @@ TEST(CudaAttention, PerRequestPlanIsValidOnCpu) {
   }
 }
 
-// Timing of the FastTree plan vs the per-request baseline on some of the paper's trees (d = 128,
-// fp16 like the anchors). Disabled by default: run with --gtest_also_run_disabled_tests on a GPU.
-TEST(CudaAttention, DISABLED_TimingPaperTrees) {
+// Timing on the paper's suite (bench/anchors/h200-paper-suite.csv: 15 trees x 3 head settings,
+// d = 128, fp16 like the anchors), CUDA graph replays with the L2 flushed before each run: fused
+// merge, separate merge launch (the default), separate merge with the static round-robin
+// scheduler, and the default with plain launches. Disabled by default: run with
+// --gtest_also_run_disabled_tests on a GPU; FT_TIMING_ONLY=text keeps the cells whose
+// "levels|lens" contains text, FT_TIMING_ITERS sets the timed runs (default 30), FT_TIMING_QUICK=1
+// times the default column only, FT_TIMING_MIN_CHUNK / FT_TIMING_SPLIT_WAVES override those
+// planner constants (experiments; the planner's defaults otherwise).
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> f(1);
+  for (char c : line) {
+    if (c == ',') {
+      f.emplace_back();
+    } else if (c != '\r') {
+      f.back() += c;
+    }
+  }
+  return f;
+}
+
+std::vector<int64_t> parse_ints(const std::string& text) {
+  std::vector<int64_t> v;
+  std::istringstream in(text);
+  for (int64_t x; in >> x;) v.push_back(x);
+  return v;
+}
+
+TEST(CudaAttention, DISABLED_TimingPaperSuite) {
   SKIP_WITHOUT_GPU();
-  struct Cell {
-    std::vector<int64_t> counts, lens;
-    int hq, hkv;
-    double best_anchor_us;  // bench/anchors/h200-paper-suite.csv
-  };
-  const Cell cells[] = {
-      {{1, 10}, {4000, 400}, 32, 32, 61.6},
-      {{1, 10}, {4000, 400}, 32, 8, 39.8},
-      {{1, 10}, {4000, 400}, 16, 1, 24.9},
-      {{1, 16, 64}, {1024, 256, 32}, 32, 32, 68.1},
-      {{1, 16, 64}, {1024, 256, 32}, 32, 8, 44.6},
-      {{1, 16, 64}, {1024, 256, 32}, 16, 1, 20.1},
-      {{1, 256}, {256, 32}, 32, 32, 77.7},
-      {{1, 256}, {256, 32}, 32, 8, 47.7},
-      {{1, 256}, {256, 32}, 16, 1, 25.2},
-      {{1, 4, 16, 64, 256, 1024}, {256, 8, 256, 64, 32, 256}, 32, 8, 410.7},
-      {{1, 2, 4, 8, 16, 32, 64, 128, 1024}, {16, 16, 16, 16, 16, 16, 16, 16, 16}, 32, 32, 184.9},
-  };
-  std::printf("%-30s %5s %7s %7s | %7s %7s %7s %7s %7s %7s | %7s %7s | %6s %6s\n", "tree", "heads", "floor",
-              "anchor", "tree", "bulk", "rr", "graph", "noflush", "nomerge", "perreq", "pr_bulk", "x_flr", "x_anc");
-  for (const Cell& c : cells) {
-    const KvTree tree = tree_from_levels(c.counts, c.lens);
-    const AttnShape s{c.hq, c.hkv, 128};
-    Planner planner;
+  std::ifstream csv(std::string(FASTTREE_SOURCE_DIR) + "/bench/anchors/h200-paper-suite.csv");
+  if (!csv.good()) csv = std::ifstream("bench/anchors/h200-paper-suite.csv");
+  ASSERT_TRUE(csv.good()) << "bench/anchors/h200-paper-suite.csv not found";
+  const char* only_env = std::getenv("FT_TIMING_ONLY");
+  const std::string only = only_env != nullptr ? only_env : "";
+  const char* iters_env = std::getenv("FT_TIMING_ITERS");
+  const int iters = iters_env != nullptr ? std::max(1, std::atoi(iters_env)) : 30;
+  const bool quick = std::getenv("FT_TIMING_QUICK") != nullptr && std::atoi(std::getenv("FT_TIMING_QUICK")) != 0;
+  PlannerConfig pcfg;
+  if (const char* e = std::getenv("FT_TIMING_MIN_CHUNK")) pcfg.min_chunk = std::atoll(e);
+  if (const char* e = std::getenv("FT_TIMING_SPLIT_WAVES")) pcfg.split_waves = std::atof(e);
+  std::printf("planner: min_chunk %lld, split_waves %.2f%s\n", static_cast<long long>(pcfg.min_chunk), pcfg.split_waves,
+              quick ? " (quick: default column only)" : "");
+  std::string line;
+  std::getline(csv, line);  // header
+  std::printf("%-44s %5s %7s %7s | %7s %7s %7s %7s | %6s %6s %6s\n", "tree (levels | lens)", "heads", "floor", "anchor",
+              "fused", "sep", "sep_rr", "plain", "TB/s", "x_flr", "x_anc");
+  double log_flr = 0, log_anc = 0, log_fused = 0, log_sep = 0, log_rr = 0;
+  int n = 0, beat = 0;
+  while (std::getline(csv, line)) {
+    const std::vector<std::string> f = split_csv_line(line);
+    if (f.size() < 12) continue;
+    const std::string name = f[0] + " | " + f[1];
+    if (!only.empty() && (f[0] + "|" + f[1]).find(only) == std::string::npos) continue;
+    const KvTree tree = tree_from_levels(parse_ints(f[0]), parse_ints(f[1]));
+    const AttnShape s{std::stoi(f[2]), std::stoi(f[3]), 128};
+    const double anchor = std::stod(f[11]);
+    Planner planner(pcfg);
     Plan plan;
     planner.build(tree, s, plan);
-    Plan per_request;
-    build_per_request_plan(tree, s, PerRequestConfig{}, per_request);
-    const PlanStats st = plan_stats(plan, tree);
-    const double floor = floor_us(st.unique_kv_tokens, st.sum_path_len, s, 2);
-    auto time = [&](const Plan& p, auto&& tweak) {
+    TreeTopology topo;
+    topo.build(tree);
+    const TreeStats ts = tree_stats(tree, topo);
+    const double floor = floor_us(ts.unique_tokens, ts.sum_path_len, s, 2);
+    auto time = [&](bool fused, bool graph, bool atomic) {
       CudaTimingOptions opt;
-      tweak(opt);
-      return cuda_time_plan(p, tree, s, KvDType::kF16, opt).median_us;
+      opt.iters = iters;
+      opt.use_graph = graph;
+      opt.fuse_merge = fused;
+      opt.atomic_scheduler = atomic;
+      return cuda_time_plan(plan, tree, s, KvDType::kF16, opt).median_us;
     };
-    const double t_tree = time(plan, [](CudaTimingOptions&) {});
-    const double t_bulk = time(plan, [](CudaTimingOptions& o) { o.bulk_copy = true; });
-    const double t_rr = time(plan, [](CudaTimingOptions& o) { o.atomic_scheduler = false; });
-    const double t_graph = time(plan, [](CudaTimingOptions& o) { o.use_graph = true; });
-    const double t_warm = time(plan, [](CudaTimingOptions& o) { o.flush_l2 = false; });
-    const double t_nomerge = time(plan, [](CudaTimingOptions& o) { o.skip_merge = true; });
-    const double t_pr = time(per_request, [](CudaTimingOptions&) {});
-    const double t_pr_bulk = time(per_request, [](CudaTimingOptions& o) { o.bulk_copy = true; });
-    const double best = std::min({t_tree, t_bulk, t_rr, t_graph});
-    std::string name;
-    for (size_t i = 0; i < c.counts.size(); ++i) name += (i ? "," : "") + std::to_string(c.counts[i]);
-    name += "/";
-    for (size_t i = 0; i < c.lens.size(); ++i) name += (i ? "," : "") + std::to_string(c.lens[i]);
-    std::printf("%-30s %2d/%-2d %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f | %7.1f %7.1f | %6.2f %6.2f\n",
-                name.c_str(), c.hq, c.hkv, floor, c.best_anchor_us, t_tree, t_bulk, t_rr, t_graph, t_warm, t_nomerge,
-                t_pr, t_pr_bulk, best / floor, best / c.best_anchor_us);
+    const double t_sep = time(false, true, true);
+    const double t_fused = quick ? t_sep : time(true, true, true), t_rr = quick ? t_sep : time(false, true, false);
+    const double t_plain = quick ? t_sep : time(false, false, true);
+    const double best = std::min({t_fused, t_sep, t_rr});
+    const double tbs = kv_bytes(ts.unique_tokens, s, 2) / (best * 1e-6) / 1e12;
+    std::printf("%-44s %2d/%-2d %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f | %6.2f %6.2f %6.2f\n", name.substr(0, 44).c_str(),
+                s.num_qo_heads, s.num_kv_heads, floor, anchor, t_fused, t_sep, t_rr, t_plain, tbs, best / floor, best / anchor);
+    std::fflush(stdout);
+    log_flr += std::log(best / floor);
+    log_anc += std::log(best / anchor);
+    log_fused += std::log(t_fused / floor);
+    log_sep += std::log(t_sep / floor);
+    log_rr += std::log(t_rr / floor);
+    beat += best < anchor ? 1 : 0;
+    ++n;
   }
+  if (n > 0)
+    std::printf("geomean over %d cells: best/floor %.2f, best/anchor %.2f, fused/floor %.2f, separate/floor %.2f, "
+                "separate+rr/floor %.2f; %d cells faster than the best anchor\n",
+                n, std::exp(log_flr / n), std::exp(log_anc / n), std::exp(log_fused / n), std::exp(log_sep / n),
+                std::exp(log_rr / n), beat);
 }
-// One run of each kernel variant on one cell, for a profiler (scripts/gpu_check.sh runs ncu on it).
+
+// One run (default options) on one cell, for a profiler (scripts/gpu_check.sh runs ncu on it).
+// FT_PROFILE_CELL="levels|lens|hq|hkv" picks the cell (default "1 10|4000 400|32|32").
 TEST(CudaAttention, DISABLED_ProfileOneCell) {
   SKIP_WITHOUT_GPU();
-  const KvTree tree = tree_from_levels(std::vector<int64_t>{1, 10}, std::vector<int64_t>{4000, 400});
-  const AttnShape s{32, 32, 128};
+  const char* env = std::getenv("FT_PROFILE_CELL");
+  const std::vector<std::string> f = split_csv_line(std::string(env != nullptr ? env : "1 10|4000 400|32|32") + "|");
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : f[0]) {
+    if (c == '|') {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  ASSERT_GE(parts.size(), 4u) << "FT_PROFILE_CELL=levels|lens|hq|hkv";
+  const KvTree tree = tree_from_levels(parse_ints(parts[0]), parse_ints(parts[1]));
+  const AttnShape s{std::stoi(parts[2]), std::stoi(parts[3]), 128};
   Planner planner;
   Plan plan;
   planner.build(tree, s, plan);
-  for (bool bulk : {false, true}) {
-    CudaTimingOptions opt;
-    opt.warmup = 0;
-    opt.iters = 1;
-    opt.gpu_warmup_ms = 0;
-    opt.bulk_copy = bulk;
-    std::printf("%s: %.1f us\n", bulk ? "bulk" : "cp.async", cuda_time_plan(plan, tree, s, KvDType::kF16, opt).median_us);
-  }
+  CudaTimingOptions opt;
+  opt.warmup = 0;
+  opt.iters = 1;
+  opt.gpu_warmup_ms = 0;
+  std::printf("%s: %.1f us (one run, first launch)\n", parts[0].c_str(), cuda_time_plan(plan, tree, s, KvDType::kF16, opt).median_us);
 }
 
 }  // namespace

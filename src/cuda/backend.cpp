@@ -109,22 +109,30 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   }
   CudaTreeAttentionOptions opt;
   opt.atomic_scheduler = options.atomic_scheduler;
-  opt.bulk_copy = options.bulk_copy;
+  opt.fuse_merge = options.fuse_merge;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);
   att.upload(plan, tree, st.s, num_slots);
-  if (options.poison_outputs) {
+  // Poisoned before every repeat, so that a repeat that leaves something unwritten fails too.
+  auto poison = [&] {
+    if (!options.poison_outputs) return;
     if (!out.empty()) FT_CUDA_CHECK(cudaMemsetAsync(dout.ptr, 0xff, out.size() * 4, st.s));
     if (!lse.empty()) FT_CUDA_CHECK(cudaMemsetAsync(dlse.ptr, 0xff, lse.size() * 4, st.s));
     att.poison_workspace(st.s);
-  }
+  };
   float* lse_ptr = lse.empty() ? nullptr : dlse.as<float>();
   auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), lse_ptr, st.s); };
   if (options.use_graph) {
     Graph graph(st.s, enqueue);
-    for (int i = 0; i < options.repeats; ++i) FT_CUDA_CHECK(cudaGraphLaunch(graph.exec, st.s));
+    for (int i = 0; i < options.repeats; ++i) {
+      poison();
+      FT_CUDA_CHECK(cudaGraphLaunch(graph.exec, st.s));
+    }
     FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
   } else {
-    for (int i = 0; i < options.repeats; ++i) enqueue();
+    for (int i = 0; i < options.repeats; ++i) {
+      poison();
+      enqueue();
+    }
     FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
   }
   FT_CUDA_CHECK(cudaGetLastError());
@@ -190,7 +198,7 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dv.ptr, num_slots * hkv * d, 3, st.s));
   CudaTreeAttentionOptions opt;
   opt.atomic_scheduler = options.atomic_scheduler;
-  opt.bulk_copy = options.bulk_copy;
+  opt.fuse_merge = options.fuse_merge;
   opt.run_merge = !options.skip_merge;
   CudaTreeAttention att(shape, dtype, 0.0f, opt);
   att.upload(plan, tree, st.s, num_slots);

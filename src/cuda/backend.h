@@ -26,11 +26,12 @@ void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape
 
 // Knobs of the host-array entry points, for tests and tools.
 struct CudaRunOptions {
-  bool poison_outputs = false;   // fill device out/lse and the partial workspace with NaN first
+  bool poison_outputs = false;   // fill device out/lse and the partial workspace with NaN before each repeat
   bool use_graph = false;        // capture the launch sequence in a CUDA graph and replay it
   int repeats = 1;               // run (or replay) this many times; the last result is returned
   bool atomic_scheduler = true;  // false: persistent CTAs take units round-robin
-  bool bulk_copy = false;        // kernel variant: copy-engine row gathers instead of cp.async
+  bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
+  bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -56,8 +57,9 @@ struct CudaTimingOptions {
   bool flush_l2 = true;
   bool use_graph = false;        // time graph replays instead of plain launches
   bool atomic_scheduler = true;
-  bool bulk_copy = false;
-  bool skip_merge = false;       // diagnostics: time the tree kernel without the merge launch
+  bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
+  bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
+  bool skip_merge = false;       // diagnostics: time the tree kernel without merging partial rows
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
 };
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,

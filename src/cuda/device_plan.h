@@ -7,6 +7,11 @@
 // order is kept. A block's rows (row = query_index * g + head_in_group) select the kernel's tile
 // class: rows <= 16 use one 16-row group (the 4 warps split each KV tile's columns), rows <= 32 two
 // (2 warps per group), else four (each warp 16 rows, all columns).
+//
+// KV slots reach the kernel as *runs*: upload() cuts every plan segment (one tree node's tokens in a
+// vnode's context) into maximal runs of consecutive KV slots, so token j of a run sits in slot
+// run.slot + j and the kernel never reads the per-token slot list. Tree nodes built on consecutive
+// slots (or pages) give a few long runs; arbitrary slot lists still work (runs of one token).
 #pragma once
 #include <cstdint>
 
@@ -16,11 +21,11 @@ inline constexpr int kKvTile = 64;        // KV tokens per pipeline stage (the k
 inline constexpr int kMaxBlockRows = 64;  // rows of the largest query tile (the kernel's M)
 
 struct BlockDesc {
-  int32_t seg_first;    // segment (index into the segment array) holding context token kv_begin
-  int32_t seg_end;      // one past the vnode's last segment
+  int32_t seg_first;    // run (index into the run array) holding context token kv_begin
+  int32_t seg_end;      // one past the vnode's last run
   int32_t kv_begin;     // chunk [kv_begin, kv_begin + kv_len) in vnode context coordinates
   int32_t kv_len;       // > 0
-  int32_t qinfo_begin;  // QueryInfo of the item's first query
+  int32_t qinfo_begin;  // unused (0): the block's BlockRecord carries its rows' QueryInfo
   int32_t row0;         // first row of this block inside the item's tile
   int32_t rows;         // rows of this block, 1..64
   int32_t row_groups;   // 1, 2 or 4 groups of 16 rows (tile class of the kernel)
@@ -28,27 +33,48 @@ struct BlockDesc {
 static_assert(sizeof(BlockDesc) == 32);
 
 // Per (item, query of its tile): the query id and where its result goes: dst >= 0 is the final
-// output row O[dst] (a direct query), dst < 0 the partial row ~dst (= -dst - 1).
+// output row O[dst] (a direct query), dst < 0 the partial row ~dst (= -dst - 1). For a partial
+// query also its merge list (merge_rows[merge_begin .. merge_begin + n)) and the number of
+// (block, kv head) pieces that write its partial rows per kv head (`expect`: the fused merge's
+// counter target), packed as n | expect << 16.
 struct QueryInfo {
   int32_t query;
   int32_t dst;
+  int32_t merge_begin;
+  int32_t n_expect;
 };
+static_assert(sizeof(QueryInfo) == 16);
 
-// Same layout as plan/plan.h PlanSegment: token_begin/len in vnode context coordinates, token j of
-// the segment is KV slot slots[slot_offset + j].
-struct DeviceSegment {
-  int64_t slot_offset;
+// A run of consecutive KV slots: context tokens [token_begin, token_begin + len) of a vnode sit in
+// slots slot .. slot + len - 1.
+struct DeviceRun {
+  int64_t slot;
   int32_t token_begin;
   int32_t len;
 };
-static_assert(sizeof(DeviceSegment) == 16);
+static_assert(sizeof(DeviceRun) == 16);
+
+// Everything the kernel's producer needs to start a block, in one fixed-size record so that a
+// single gather (cp.async of kRecordBytes into a shared-memory ring, several units ahead) brings
+// it: the descriptor, the vnode's runs from desc.seg_first on (up to 32; the producer reloads
+// further windows from the run array), and the QueryInfo of each block row (row r of the block:
+// query (row0 + r) / g of the item's tile). Unused entries are zero.
+inline constexpr int kRecordRuns = 32;
+struct BlockRecord {
+  BlockDesc desc;
+  DeviceRun runs[kRecordRuns];
+  QueryInfo rows[kMaxBlockRows];
+};
+inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
+static_assert(kRecordBytes == 1568 && kRecordBytes % 16 == 0);
 
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
 // plan is uploaded into the same buffers.
 struct DeviceCounts {
-  int32_t num_units;  // blocks x kv heads
-  int32_t num_merge;  // non-direct queries
-  int32_t pad_[2];
+  int32_t num_units;    // blocks x kv heads
+  int32_t num_merge;    // non-direct queries
+  int32_t num_orphans;  // non-direct queries with no partial row (empty paths: O = 0, LSE = -inf)
+  int32_t pad_;
 };
 
 // Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] (dtype T), out [Q, Hq, d] fp32,
@@ -62,12 +88,17 @@ struct TreeAttnParams {
   float* partial;
   float* partial_lse;
   const DeviceCounts* counts;
-  const BlockDesc* blocks;
-  const QueryInfo* qinfo;
-  const DeviceSegment* segments;
-  const int32_t* slots;
-  const void* zeros;  // >= 512 zero bytes (bulk variant: source of the zero rows)
-  int* work_counter;  // zeroed before the launch; nullptr = static round-robin over units
+  const BlockRecord* records;  // [blocks], >= gridDim.x entries (the first unit's is read blind)
+  const DeviceRun* runs;
+  // Work counter [2] (claims, CTAs done), zero at launch; the last CTA to finish resets it for the
+  // next launch. nullptr = static round-robin over units.
+  int* work_counter;
+  // Fused merge (nullptr: partial rows are merged by the separate merge kernel): counters
+  // [Q, Hkv] (zero at launch, reset by the CTA that merges), the merge lists, and the orphan
+  // queries [num_orphans] that get O = 0, LSE = -inf.
+  int* merge_count;
+  const int32_t* merge_rows;
+  const int32_t* orphans;
   int num_qo_heads;
   int num_kv_heads;
   int gqa;

@@ -18,13 +18,12 @@ struct TreeKernelInfo {
 };
 
 // Raises the kernel's dynamic shared-memory limit and reports its occupancy. Call once per process
-// and kernel before launching it (not during stream capture). V: copy variant
-// (tree_attention_kernel.cuh TreeKernelConfig: 0 = cp.async, 1 = bulk copy).
-template <int DType, int D, int V>
+// and kernel before launching it (not during stream capture).
+template <int DType, int D>
 int tree_kernel_prepare(TreeKernelInfo& info);
 
 // Launches the tree-attention kernel on `grid` persistent CTAs.
-template <int DType, int D, int V>
+template <int DType, int D>
 int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream);
 
 // Launches the merge kernel (grid-stride over non-direct queries x heads).

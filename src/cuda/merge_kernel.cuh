@@ -1,8 +1,17 @@
-// Merge of partial results (DESIGN.md §3.5): one warp per (non-direct query, qo head), grid-stride.
+// Merge of partial results (DESIGN.md §3.5), for one (query q, qo head h) "job":
 //   out[q, h, :] = Σ_r w_r · partial[r, h, :] / Σ_r w_r,   w_r = exp(lse_r - max_r lse_r)
 //   lse[q, h]    = max_r lse_r + log Σ_r w_r
-// over the query's partial rows r. A query with no rows, or whose rows are all empty (lse = -inf),
-// gets out = 0 and lse = -inf; empty rows contribute nothing and never produce NaN.
+// over the query's partial rows r = merge_rows[rb .. rb + n). A job with no rows, or whose rows are
+// all empty (lse = -inf), gets out = 0 and lse = -inf; empty rows contribute nothing and never
+// produce NaN.
+//
+// merge_group: a group of kLpj = D / 8 lanes merges one job; a warp runs 32 / kLpj jobs at once.
+// Lane k of a group owns float4 columns k and k + kLpj of the row. Rows are consumed 8 at a time,
+// all 8 x 2 float4 loads issued before the first use, so a warp keeps 16 independent L2 loads per
+// lane in flight. Partials are read with ld.global.cg (L2): in the fused merge other CTAs wrote
+// them during this launch, and L1 is not coherent.
+//
+// merge_kernel: the separate launch, grid-stride over (non-direct query, head) jobs.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,53 +22,118 @@ namespace fasttree::cuda_detail {
 inline constexpr int kMergeThreads = 256;
 
 template <int D>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
-  constexpr int kV4 = D / 4;                 // float4 per row
-  constexpr int kPerLane = (kV4 + 31) / 32;  // float4 per lane
-  const int hq = p.num_qo_heads;
-  const int total = p.counts->num_merge * hq;
-  const int lane = threadIdx.x % 32;
-  const int warps = gridDim.x * (kMergeThreads / 32);
-  const float neg_inf = __int_as_float(0xff800000);
-  for (int w = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32; w < total; w += warps) {
-    const int q = p.merge_queries[w / hq];
-    const int h = w - (w / hq) * hq;
-    const int rb = p.merge_begin[q], n = p.merge_begin[q + 1] - rb;
-    float mx = neg_inf;
-    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, p.partial_lse[static_cast<int64_t>(p.merge_rows[rb + i]) * hq + h]);
+struct MergeShape {
+  static constexpr int kLpj = D / 8;         // lanes per job: 8, 16, 32
+  static constexpr int kJpw = 32 / kLpj;     // jobs per warp: 4, 2, 1
+  static constexpr int kStep = 8;            // rows whose loads are issued together
+  static_assert(2 * kLpj * 4 == D, "two float4 per lane");
+};
+
+// One job per lane group (see the header comment). Every lane of the warp must call it; `active`
+// false: the group does nothing visible (its loads touch partial row 0, which exists).
+template <int D>
+__device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_rows, const float* partial,
+                                            const float* partial_lse, float* out, float* lse, int hq, bool active,
+                                            int q, int h, int rb, int n, int lane) {
+  constexpr int kLpj = MergeShape<D>::kLpj;
+  constexpr int kStep = MergeShape<D>::kStep;
+  constexpr unsigned kAll = 0xffffffffu;
+  const float ninf = __int_as_float(0xff800000);
+  const int k = lane % kLpj;
+  const int gbase = lane - k;
+  if (!active) n = 0;
+  const int nmax = __reduce_max_sync(kAll, static_cast<unsigned>(n));
+  // Pass 1: max LSE. Rows [c0, c0 + kLpj) are held one per lane; the first chunk is kept.
+  int r0 = 0;
+  float l0 = ninf;
+  if (k < n) {
+    r0 = __ldg(merge_rows + rb + k);
+    l0 = __ldcg(partial_lse + static_cast<int64_t>(r0) * hq + h);
+  }
+  float mx = l0;
+  for (int c0 = kLpj; c0 < nmax; c0 += kLpj) {
+    const int i = c0 + k;
+    if (i < n) mx = fmaxf(mx, __ldcg(partial_lse + static_cast<int64_t>(__ldg(merge_rows + rb + i)) * hq + h));
+  }
 #pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float mu = mx == neg_inf ? 0.0f : mx;
-    float4 acc[kPerLane];
+  for (int off = kLpj / 2; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, off));
+  const float mu = mx == ninf ? 0.0f : mx;
+  // Pass 2: weighted sum.
+  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  float sum = 0.0f;
+  for (int c0 = 0; c0 < nmax; c0 += kLpj) {
+    const int i = c0 + k;
+    int r = r0;
+    float l = l0;
+    if (c0 > 0) {
+      r = 0;
+      l = ninf;
+      if (i < n) {
+        r = __ldg(merge_rows + rb + i);
+        l = __ldcg(partial_lse + static_cast<int64_t>(r) * hq + h);
+      }
+    }
+    const float w = exp2f((l - mu) * 1.4426950408889634f);  // lse = -inf (or no row) -> 0
+    sum += w;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const int64_t r = static_cast<int64_t>(p.merge_rows[rb + i]) * hq + h;
-      const float wgt = exp2f((p.partial_lse[r] - mu) * 1.4426950408889634f);  // lse = -inf -> 0
-      if (wgt == 0.0f) continue;  // uniform over the warp
-      sum += wgt;
-      const float4* src = reinterpret_cast<const float4*>(p.partial + r * D);
+    for (int s0 = 0; s0 < kLpj; s0 += kStep) {
+      if (c0 + s0 < nmax) {  // warp-uniform
+        float4 x[kStep][2];
+        float wj[kStep];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int c = lane + 32 * j;
-        if (c < kV4) {
-          const float4 x = src[c];
-          acc[j].x += wgt * x.x;
-          acc[j].y += wgt * x.y;
-          acc[j].z += wgt * x.z;
-          acc[j].w += wgt * x.w;
+        for (int j = 0; j < kStep; ++j) {
+          wj[j] = __shfl_sync(kAll, w, gbase + s0 + j);
+          const int rj = __shfl_sync(kAll, r, gbase + s0 + j);
+          const float4* src = reinterpret_cast<const float4*>(partial + (static_cast<int64_t>(rj) * hq + h) * D);
+          x[j][0] = __ldcg(src + k);
+          x[j][1] = __ldcg(src + k + kLpj);
+        }
+#pragma unroll
+        for (int j = 0; j < kStep; ++j) {
+          const float wt = wj[j];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            // w = 0: the row is empty or absent, and may hold anything: skip without multiplying.
+            acc[e].x = wt != 0.0f ? fmaf(wt, x[j][e].x, acc[e].x) : acc[e].x;
+            acc[e].y = wt != 0.0f ? fmaf(wt, x[j][e].y, acc[e].y) : acc[e].y;
+            acc[e].z = wt != 0.0f ? fmaf(wt, x[j][e].z, acc[e].z) : acc[e].z;
+            acc[e].w = wt != 0.0f ? fmaf(wt, x[j][e].w, acc[e].w) : acc[e].w;
+          }
         }
       }
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    float4* dst = reinterpret_cast<float4*>(p.out + (static_cast<int64_t>(q) * hq + h) * D);
+  }
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int c = lane + 32 * j;
-      if (c < kV4) dst[c] = make_float4(acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv);
+  for (int off = kLpj / 2; off >= 1; off >>= 1) sum += __shfl_xor_sync(kAll, sum, off);
+  if (active) {
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float4* dst = reinterpret_cast<float4*>(out + (static_cast<int64_t>(q) * hq + h) * D);
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      dst[k + e * kLpj] = make_float4(acc[e].x * inv, acc[e].y * inv, acc[e].z * inv, acc[e].w * inv);
+    if (k == 0 && lse != nullptr) lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : ninf;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
+  constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
+  const int hq = p.num_qo_heads;
+  const int total = p.counts->num_merge * hq;
+  const int lane = threadIdx.x % 32;
+  const int warp = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32;
+  const int warps = gridDim.x * (kMergeThreads / 32);
+  for (int j0 = warp * kJpw; j0 < total; j0 += warps * kJpw) {  // warp-uniform
+    const int job = j0 + lane / kLpj;
+    const bool active = job < total;
+    int q = 0, h = 0, rb = 0, n = 0;
+    if (active) {
+      q = p.merge_queries[job / hq];
+      h = job % hq;
+      rb = p.merge_begin[q];
+      n = p.merge_begin[q + 1] - rb;
     }
-    if (lane == 0 && p.lse != nullptr) p.lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : neg_inf;
+    merge_group<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, hq, active, q, h, rb, n, lane);
   }
 }
 

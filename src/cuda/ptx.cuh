@@ -72,6 +72,28 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Atomic add at GPU scope with acquire-release semantics; returns the old value. The release half
+// publishes the writes that precede it in causality order (this thread's, and those of threads
+// that synchronized with it through a barrier); the acquire half makes the writes released by
+// earlier adders visible to this thread (and, after a barrier, to the threads that wait on it).
+__device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(addr), "r"(v) : "memory");
+  return old;
+}
+
+// Prefetches the 128-byte line holding addr into L2 (no register result, never faults the kernel
+// for a valid address).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
+}
+
+// Named barrier among `count` threads (multiple of 32) reached from several code locations (e.g.
+// once in each role branch of a warp-specialized kernel): the non-.aligned form.
+__device__ __forceinline__ void named_barrier_split(int id, int count) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // Named barrier among `count` threads (multiple of 32); id 0 is __syncthreads'.
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

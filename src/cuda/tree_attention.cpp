@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
@@ -23,42 +24,29 @@ std::string str(int64_t x) { return std::to_string(x); }
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Sections of the device plan arena, in arena order.
-enum Section { kCounts, kZeros, kBlocks, kQinfo, kSegments, kSlots, kMergeQueries, kMergeBegin, kMergeRows, kNumSections };
-constexpr size_t kZeroBytes = 512;  // one zero row of the widest head (d = 256, 16-bit)
+enum Section { kCounts, kRecords, kRuns, kMergeQueries, kMergeBegin, kMergeRows, kOrphans, kNumSections };
 constexpr size_t kSectionAlign = 256;
 
 int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
 
-// Kernel variant: 1 = bulk copies (copy engine), 0 = cp.async.
-int kernel_variant(const CudaTreeAttentionOptions& o) { return o.bulk_copy ? 1 : 0; }
-
-template <int V>
-int prepare_kernel_v(bool f16, int d, TreeKernelInfo& info) {
+int prepare_kernel(int dtype, int d, TreeKernelInfo& info) {
+  const bool f16 = dtype == kDTypeF16;
   switch (d) {
-    case 64: return f16 ? tree_kernel_prepare<kDTypeF16, 64, V>(info) : tree_kernel_prepare<kDTypeBF16, 64, V>(info);
-    case 128: return f16 ? tree_kernel_prepare<kDTypeF16, 128, V>(info) : tree_kernel_prepare<kDTypeBF16, 128, V>(info);
-    case 256: return f16 ? tree_kernel_prepare<kDTypeF16, 256, V>(info) : tree_kernel_prepare<kDTypeBF16, 256, V>(info);
+    case 64: return f16 ? tree_kernel_prepare<kDTypeF16, 64>(info) : tree_kernel_prepare<kDTypeBF16, 64>(info);
+    case 128: return f16 ? tree_kernel_prepare<kDTypeF16, 128>(info) : tree_kernel_prepare<kDTypeBF16, 128>(info);
+    case 256: return f16 ? tree_kernel_prepare<kDTypeF16, 256>(info) : tree_kernel_prepare<kDTypeBF16, 256>(info);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <int V>
-int launch_kernel_v(bool f16, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+  const bool f16 = dtype == kDTypeF16;
   switch (d) {
-    case 64: return f16 ? tree_kernel_launch<kDTypeF16, 64, V>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 64, V>(p, grid, stream);
-    case 128: return f16 ? tree_kernel_launch<kDTypeF16, 128, V>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 128, V>(p, grid, stream);
-    case 256: return f16 ? tree_kernel_launch<kDTypeF16, 256, V>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 256, V>(p, grid, stream);
+    case 64: return f16 ? tree_kernel_launch<kDTypeF16, 64>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 64>(p, grid, stream);
+    case 128: return f16 ? tree_kernel_launch<kDTypeF16, 128>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 128>(p, grid, stream);
+    case 256: return f16 ? tree_kernel_launch<kDTypeF16, 256>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 256>(p, grid, stream);
     default: return cudaErrorInvalidValue;
   }
-}
-
-int prepare_kernel(int dtype, int d, int variant, TreeKernelInfo& info) {
-  return variant == 1 ? prepare_kernel_v<1>(dtype == kDTypeF16, d, info) : prepare_kernel_v<0>(dtype == kDTypeF16, d, info);
-}
-
-int launch_kernel(int dtype, int d, int variant, const TreeAttnParams& p, int grid, CUstream_st* stream) {
-  return variant == 1 ? launch_kernel_v<1>(dtype == kDTypeF16, d, p, grid, stream)
-                      : launch_kernel_v<0>(dtype == kDTypeF16, d, p, grid, stream);
 }
 
 }  // namespace
@@ -69,7 +57,6 @@ struct CudaTreeAttention::Impl {
   float scale = 0;
   CudaTreeAttentionOptions options;
   TreeKernelInfo kinfo;
-  int variant = 0;
   int num_sms = 0;
   int grid = 0;
   int merge_grid = 0;
@@ -82,11 +69,18 @@ struct CudaTreeAttention::Impl {
   cudaEvent_t upload_done = nullptr;
   bool upload_pending = false;
 
-  // Partial-result workspace [rows, Hq, d] + [rows, Hq], and the work counter.
+  // Partial-result workspace [rows, Hq, d] + [rows, Hq], the work counter [2] and the fused
+  // merge's counters [Q, Hkv] (all counters zero between launches).
   float* partial = nullptr;
   float* partial_lse = nullptr;
   int64_t partial_cap_rows = 0;
   int* counter = nullptr;
+  int* merge_count = nullptr;
+  int64_t merge_count_cap = 0;
+
+  // Host scratch of upload(), reused: run length at each tree.slots index, runs per vnode (CSR),
+  // pieces per query.
+  std::vector<int32_t> run_len, vnode_run_begin, pieces;
 
   // Uploaded plan.
   int num_queries = 0;
@@ -94,8 +88,12 @@ struct CudaTreeAttention::Impl {
   int num_merge = 0;
   int64_t num_partial_rows = 0;
   bool uploaded = false;
+  int num_orphans = 0;
   uint64_t epoch = 1;
   bool last_has_units = false, last_has_merge = false;
+
+  // Launch sequence of the uploaded plan: fused = one tree-kernel launch that also merges.
+  bool fused() const { return options.fuse_merge && options.run_merge && num_units > 0; }
 
   void free_all() {
     if (upload_pending && upload_done != nullptr) (void)cudaEventSynchronize(upload_done);
@@ -104,6 +102,7 @@ struct CudaTreeAttention::Impl {
     if (partial != nullptr) (void)cudaFree(partial);
     if (partial_lse != nullptr) (void)cudaFree(partial_lse);
     if (counter != nullptr) (void)cudaFree(counter);
+    if (merge_count != nullptr) (void)cudaFree(merge_count);
     if (upload_done != nullptr) (void)cudaEventDestroy(upload_done);
   }
 
@@ -151,6 +150,18 @@ struct CudaTreeAttention::Impl {
     partial_cap_rows = cap_rows;
     ++epoch;
   }
+
+  // Fused-merge counters for n = Q x Hkv entries, zeroed on (re)allocation on `stream`.
+  void reserve_merge_counts(int64_t n, CUstream_st* stream) {
+    if (n <= merge_count_cap && merge_count != nullptr) return;
+    const int64_t cap = std::max<int64_t>(n + n / 4 + 64, merge_count_cap);
+    if (merge_count != nullptr) FT_CUDA_CHECK(cudaFree(merge_count));
+    merge_count = nullptr;
+    FT_CUDA_CHECK(cudaMalloc(&merge_count, static_cast<size_t>(cap) * sizeof(int)));
+    FT_CUDA_CHECK(cudaMemsetAsync(merge_count, 0, static_cast<size_t>(cap) * sizeof(int), stream));
+    merge_count_cap = cap;
+    ++epoch;
+  }
 };
 
 CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, float sm_scale,
@@ -168,8 +179,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   int dev = 0;
   FT_CUDA_CHECK(cudaGetDevice(&dev));
   FT_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev));
-  m.variant = kernel_variant(options);
-  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.variant, m.kinfo));
+  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.kinfo));
   FT_CHECK(m.kinfo.ctas_per_sm >= 1, "CUDA tree attention: the kernel does not fit on an SM (" +
                                          str(m.kinfo.smem_bytes) + " bytes of shared memory)");
   const int per_sm = options.ctas_per_sm > 0 ? std::min(options.ctas_per_sm, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
@@ -177,7 +187,11 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_grid = m.num_sms * 4;
   try {
     FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.upload_done, cudaEventDisableTiming));
-    FT_CUDA_CHECK(cudaMalloc(&m.counter, sizeof(int)));
+    FT_CUDA_CHECK(cudaMalloc(&m.counter, 2 * sizeof(int)));
+    // Zero once; the kernel leaves it zero after every launch. Synchronized, because run() may use a
+    // stream that does not wait for the legacy default stream.
+    FT_CUDA_CHECK(cudaMemset(m.counter, 0, 2 * sizeof(int)));
+    FT_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (...) {
     m.free_all();
     throw;
@@ -234,7 +248,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   for (int32_t r : plan.merge_rows)
     FT_CHECK(r >= 0 && r < rows_cap, "CUDA upload: merge row " + str(r) + " out of range [0, " + str(rows_cap) + ")");
 
-  // Sizes.
+  // Sizes; pieces[q] = (block) pieces that write partial rows of non-direct query q per kv head.
+  m.pieces.assign(static_cast<size_t>(nq), 0);
   int64_t num_blocks = 0, num_qinfo = 0;
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& it = plan.items[i];
@@ -245,11 +260,63 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     const int64_t rows = static_cast<int64_t>(it.q_count) * g;
     num_blocks += (rows + kMaxBlockRows - 1) / kMaxBlockRows;
     num_qinfo += it.q_count;
+    for (int64_t row0 = 0; row0 < rows; row0 += kMaxBlockRows) {
+      const int64_t last_row = std::min<int64_t>(rows, row0 + kMaxBlockRows) - 1;
+      for (int64_t j = row0 / g; j <= last_row / g; ++j) {
+        const int32_t q = plan.vnode_queries[it.q_begin + j];
+        if (!plan.query_direct[q]) ++m.pieces[q];
+      }
+    }
   }
   FT_CHECK(num_blocks * sh.num_kv_heads < (int64_t{1} << 31) && num_qinfo < (int64_t{1} << 31),
            "CUDA upload: the plan has more than 2^31 units");
-  int64_t num_merge = 0;
-  for (int q = 0; q < nq; ++q) num_merge += plan.query_direct[q] ? 0 : 1;
+  int64_t num_merge = 0, num_orphans = 0;
+  for (int q = 0; q < nq; ++q) {
+    if (plan.query_direct[q]) continue;
+    ++num_merge;
+    const int32_t n = plan.merge_begin[q + 1] - plan.merge_begin[q];
+    FT_CHECK((n == 0) == (m.pieces[q] == 0) && n <= 0xffff && m.pieces[q] <= 0x7fff,
+             "CUDA upload: query " + str(q) + " has " + str(n) + " merge rows but " + str(m.pieces[q]) +
+                 " partial pieces (both must be zero or both in 1..32767)");
+    num_orphans += n == 0 ? 1 : 0;
+  }
+
+  // Runs of consecutive slots: run_len[i] = length of the consecutive run of tree.slots from i;
+  // vnode_runs(vn, emit) emits the maximal runs of vnode vn's context (across segment boundaries
+  // too) as emit(first slot, first context token, length).
+  m.run_len.resize(static_cast<size_t>(ntok));
+  for (int64_t i = ntok - 1; i >= 0; --i) {
+    const bool next = i + 1 < ntok && tree.slots[i + 1] == static_cast<int64_t>(tree.slots[i]) + 1;
+    m.run_len[i] = next && m.run_len[i + 1] < (1 << 30) ? m.run_len[i + 1] + 1 : 1;
+  }
+  auto vnode_runs = [&](int vn, auto&& emit) {
+    int64_t slot = 0, tb = 0, len = 0;  // the run being extended
+    for (int32_t si = plan.vnode_seg_begin[vn]; si < plan.vnode_seg_begin[vn + 1]; ++si) {
+      const PlanSegment& seg = plan.segments[si];
+      for (int64_t j = 0; j < seg.len;) {
+        const int64_t n = std::min<int64_t>(m.run_len[seg.slot_offset + j], seg.len - j);
+        const int64_t first = tree.slots[seg.slot_offset + j];
+        if (len > 0 && first == slot + len && len + n < (int64_t{1} << 30)) {
+          len += n;
+        } else {
+          if (len > 0) emit(slot, tb, len);
+          slot = first;
+          tb = seg.token_begin + j;
+          len = n;
+        }
+        j += n;
+      }
+    }
+    if (len > 0) emit(slot, tb, len);
+  };
+  m.vnode_run_begin.assign(static_cast<size_t>(nv) + 1, 0);
+  for (int vn = 0; vn < nv; ++vn) {
+    int64_t runs = 0;
+    vnode_runs(vn, [&](int64_t, int64_t, int64_t) { ++runs; });
+    FT_CHECK(m.vnode_run_begin[vn] + runs < (int64_t{1} << 31), "CUDA upload: more than 2^31 slot runs");
+    m.vnode_run_begin[vn + 1] = static_cast<int32_t>(m.vnode_run_begin[vn] + runs);
+  }
+  const int64_t num_runs = m.vnode_run_begin[nv];
 
   // Wait for the previous upload's copy before touching the pinned mirror.
   if (m.upload_pending) {
@@ -257,64 +324,74 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     m.upload_pending = false;
   }
   m.used[kCounts] = sizeof(DeviceCounts);
-  m.used[kZeros] = kZeroBytes;
-  m.used[kBlocks] = static_cast<size_t>(num_blocks) * sizeof(BlockDesc);
-  m.used[kQinfo] = static_cast<size_t>(num_qinfo) * sizeof(QueryInfo);
-  m.used[kSegments] = plan.segments.size() * sizeof(DeviceSegment);
-  m.used[kSlots] = static_cast<size_t>(ntok) * sizeof(int32_t);
+  // >= grid records: each CTA gathers its first unit's record before it knows num_units.
+  const int64_t num_records = std::max<int64_t>(num_blocks, m.grid);
+  m.used[kRecords] = static_cast<size_t>(num_records) * sizeof(BlockRecord);
+  m.used[kRuns] = static_cast<size_t>(num_runs) * sizeof(DeviceRun);
   m.used[kMergeQueries] = static_cast<size_t>(num_merge) * sizeof(int32_t);
   m.used[kMergeBegin] = plan.merge_begin.size() * sizeof(int32_t);
   m.used[kMergeRows] = plan.merge_rows.size() * sizeof(int32_t);
+  m.used[kOrphans] = static_cast<size_t>(num_orphans) * sizeof(int32_t);
   m.reserve_sections();
   m.reserve_partials(rows_cap);
+  m.reserve_merge_counts(static_cast<int64_t>(nq) * sh.num_kv_heads, stream);
 
   // Pack.
-  BlockDesc* blocks = m.host_section<BlockDesc>(kBlocks);
-  QueryInfo* qinfo = m.host_section<QueryInfo>(kQinfo);
-  int64_t b = 0, qi = 0;
+  DeviceRun* runs = m.host_section<DeviceRun>(kRuns);
+  for (int vn = 0, r = 0; vn < nv; ++vn) {
+    vnode_runs(vn, [&](int64_t slot, int64_t tb, int64_t len) {
+      runs[r++] = DeviceRun{slot, static_cast<int32_t>(tb), static_cast<int32_t>(len)};
+    });
+  }
+  // Records: the kernel reads a record's runs below min(32, seg_end - seg_first) and rows below
+  // desc.rows only; the padding records (first units of idle CTAs) are never read.
+  BlockRecord* records = m.host_section<BlockRecord>(kRecords);
+  int64_t b = 0;
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& it = plan.items[i];
-    const PlanSegment* s_first = plan.segments.data() + plan.vnode_seg_begin[it.vnode];
-    const PlanSegment* s_last = plan.segments.data() + plan.vnode_seg_begin[it.vnode + 1];
-    const PlanSegment* seg = std::upper_bound(s_first, s_last, it.kv_begin,
-                                              [](int32_t t, const PlanSegment& s) { return t < s.token_begin; }) - 1;
+    const DeviceRun* r_first = runs + m.vnode_run_begin[it.vnode];
+    const DeviceRun* r_last = runs + m.vnode_run_begin[it.vnode + 1];
+    const DeviceRun* run = std::upper_bound(r_first, r_last, it.kv_begin,
+                                            [](int32_t t, const DeviceRun& x) { return t < x.token_begin; }) - 1;
     const int32_t rows = it.q_count * g;
     for (int32_t row0 = 0; row0 < rows; row0 += kMaxBlockRows) {
-      const int32_t r = std::min(kMaxBlockRows, rows - row0);
-      blocks[b++] = BlockDesc{static_cast<int32_t>(seg - plan.segments.data()),
-                              plan.vnode_seg_begin[it.vnode + 1],
-                              it.kv_begin,
-                              it.kv_len,
-                              static_cast<int32_t>(qi),
-                              row0,
-                              r,
-                              r <= 16 ? 1 : (r <= 32 ? 2 : 4)};
-    }
-    for (int32_t j = 0; j < it.q_count; ++j) {
-      const int32_t q = plan.vnode_queries[it.q_begin + j];
-      int32_t dst = q;
-      if (!plan.query_direct[q]) {
-        const int64_t row = static_cast<int64_t>(it.out_row) + j;
-        FT_CHECK(it.out_row >= 0 && row < rows_cap, "CUDA upload: item " + str(static_cast<int64_t>(i)) +
-                                                        " writes partial row " + str(row) + " out of range");
-        dst = ~static_cast<int32_t>(row);
+      const int32_t nr = std::min(kMaxBlockRows, rows - row0);
+      BlockRecord& rec = records[b++];
+      rec.desc = BlockDesc{static_cast<int32_t>(run - runs), m.vnode_run_begin[it.vnode + 1], it.kv_begin, it.kv_len,
+                           0, row0, nr, nr <= 16 ? 1 : (nr <= 32 ? 2 : 4)};
+      const int64_t nruns = std::min<int64_t>(kRecordRuns, r_last - run);
+      std::copy(run, run + nruns, rec.runs);
+      for (int32_t r = 0; r < nr; ++r) {
+        const int32_t j = (row0 + r) / g;  // query of the item's tile
+        const int32_t q = plan.vnode_queries[it.q_begin + j];
+        QueryInfo info{q, q, 0, 0};
+        if (!plan.query_direct[q]) {
+          const int64_t row = static_cast<int64_t>(it.out_row) + j;
+          FT_CHECK(it.out_row >= 0 && row < rows_cap, "CUDA upload: item " + str(static_cast<int64_t>(i)) +
+                                                          " writes partial row " + str(row) + " out of range");
+          info.dst = ~static_cast<int32_t>(row);
+          info.merge_begin = plan.merge_begin[q];
+          info.n_expect = (plan.merge_begin[q + 1] - plan.merge_begin[q]) | (m.pieces[q] << 16);
+        }
+        rec.rows[r] = info;
       }
-      qinfo[qi++] = QueryInfo{q, dst};
     }
   }
-  std::memset(m.host_section<void>(kZeros), 0, kZeroBytes);
+  for (; b < num_records; ++b) records[b].desc = BlockDesc{};
   DeviceCounts* counts = m.host_section<DeviceCounts>(kCounts);
-  *counts = DeviceCounts{static_cast<int32_t>(num_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge), {0, 0}};
-  static_assert(sizeof(PlanSegment) == sizeof(DeviceSegment));
-  if (!plan.segments.empty()) std::memcpy(m.host_section<void>(kSegments), plan.segments.data(), m.used[kSegments]);
-  if (ntok > 0) std::memcpy(m.host_section<void>(kSlots), tree.slots.data(), m.used[kSlots]);
+  *counts = DeviceCounts{static_cast<int32_t>(num_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge),
+                         static_cast<int32_t>(num_orphans), 0};
   int32_t* mq = m.host_section<int32_t>(kMergeQueries);
-  for (int q = 0, k = 0; q < nq; ++q)
-    if (!plan.query_direct[q]) mq[k++] = q;
+  int32_t* orphans = m.host_section<int32_t>(kOrphans);
+  for (int q = 0, k = 0, o = 0; q < nq; ++q) {
+    if (plan.query_direct[q]) continue;
+    mq[k++] = q;
+    if (plan.merge_begin[q + 1] == plan.merge_begin[q]) orphans[o++] = q;
+  }
   std::memcpy(m.host_section<void>(kMergeBegin), plan.merge_begin.data(), m.used[kMergeBegin]);
   if (!plan.merge_rows.empty()) std::memcpy(m.host_section<void>(kMergeRows), plan.merge_rows.data(), m.used[kMergeRows]);
 
-  const size_t bytes = m.off[kMergeRows] + m.used[kMergeRows];
+  const size_t bytes = m.off[kOrphans] + m.used[kOrphans];
   FT_CUDA_CHECK(cudaMemcpyAsync(m.arena, m.staging, bytes, cudaMemcpyHostToDevice, stream));
   FT_CUDA_CHECK(cudaEventRecord(m.upload_done, stream));
   m.upload_pending = true;
@@ -322,6 +399,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   m.num_queries = nq;
   m.num_units = static_cast<int>(num_blocks * sh.num_kv_heads);
   m.num_merge = static_cast<int>(num_merge);
+  m.num_orphans = static_cast<int>(num_orphans);
   m.num_partial_rows = rows_cap;
   m.uploaded = true;
   const bool has_units = m.num_units > 0, has_merge = m.num_merge > 0;
@@ -334,6 +412,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
                             CUstream_st* stream) const {
   const Impl& m = *impl_;
   FT_CHECK(m.uploaded, "CudaTreeAttention::run before upload");
+  const bool fused = m.fused();
   if (m.num_units > 0) {
     TreeAttnParams p{};
     p.q = q;
@@ -344,20 +423,21 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.partial = m.partial;
     p.partial_lse = m.partial_lse;
     p.counts = m.device_section<DeviceCounts>(kCounts);
-    p.blocks = m.device_section<BlockDesc>(kBlocks);
-    p.qinfo = m.device_section<QueryInfo>(kQinfo);
-    p.segments = m.device_section<DeviceSegment>(kSegments);
-    p.slots = m.device_section<int32_t>(kSlots);
-    p.zeros = m.device_section<void>(kZeros);
+    p.records = m.device_section<BlockRecord>(kRecords);
+    p.runs = m.device_section<DeviceRun>(kRuns);
     p.work_counter = m.options.atomic_scheduler ? m.counter : nullptr;
+    if (fused) {
+      p.merge_count = m.merge_count;
+      p.merge_rows = m.device_section<int32_t>(kMergeRows);
+      p.orphans = m.device_section<int32_t>(kOrphans);
+    }
     p.num_qo_heads = m.shape.num_qo_heads;
     p.num_kv_heads = m.shape.num_kv_heads;
     p.gqa = m.shape.gqa();
     p.scale_log2 = m.scale * 1.4426950408889634f;
-    if (p.work_counter != nullptr) FT_CUDA_CHECK(cudaMemsetAsync(m.counter, 0, sizeof(int), stream));
-    FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, m.variant, p, m.grid, stream));
+    FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
   }
-  if (m.num_merge > 0 && m.options.run_merge) {
+  if (!fused && m.num_merge > 0 && m.options.run_merge) {
     MergeParams mp{};
     mp.counts = m.device_section<DeviceCounts>(kCounts);
     mp.merge_queries = m.device_section<int32_t>(kMergeQueries);

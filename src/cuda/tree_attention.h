@@ -12,11 +12,15 @@
 //
 // Buffers: the plan lives in one device arena of fixed-capacity sections, the partial results in a
 // workspace; both only grow (no allocation once they fit the largest plan seen). upload() packs the
-// plan into pinned host memory and copies it with one asynchronous memcpy on the given stream; the
-// next upload() waits for that copy. run() enqueues memset(work counter) -> tree kernel -> merge
-// kernel with counts read from device memory: it never allocates or synchronizes, so it can be
+// plan into pinned host memory (cutting its segments into runs of consecutive KV slots) and copies
+// it with one asynchronous memcpy on the given stream; the next upload() waits for that copy.
+// run() enqueues the tree kernel (with the merge fused in, by default) or tree kernel -> merge
+// kernel, with counts read from device memory; the kernels leave their counters at zero for the
+// next launch, so there is no memset. run() never allocates or synchronizes, so it can be
 // captured in a CUDA graph, and a graph captured once stays valid across uploads as long as
 // graph_epoch() is unchanged (it changes when buffers move or the launch sequence changes).
+// One CudaTreeAttention runs one launch at a time: concurrent run()s of the same object on
+// different streams would share its counters.
 //
 // Kernel tile classes: a work item's q_count * g rows select 16-row (4 warps split the KV tile),
 // 32-row or 64-row tiles; items with more than 64 rows run as several 64-row blocks. The KV tile
@@ -37,10 +41,12 @@ namespace fasttree {
 struct CudaTreeAttentionOptions {
   bool atomic_scheduler = true;  // CTAs pull units from an atomic counter; false: static round-robin
   int ctas_per_sm = 0;           // persistent CTAs per SM; 0 = as many as fit
-  bool bulk_copy = false;        // gather K/V/Q rows with the copy engine (cp.async.bulk, one
-                                 // instruction per row) instead of 16-byte cp.async; correct, but
-                                 // slower on H200 with 128-512 byte rows (src/cuda/PERF_NOTES.md)
-  bool run_merge = true;         // false (diagnostics only): skip the merge launch
+  bool bulk_copy = false;        // ignored: the copy-engine row-gather variant was removed (slower
+                                 // than cp.async on H200; src/cuda/PERF_NOTES.md)
+  bool run_merge = true;         // false (diagnostics only): partial rows are not merged
+  bool fuse_merge = false;       // merge partial rows inside the tree kernel (the CTA that writes a
+                                 // query's last piece merges it) instead of a separate merge launch;
+                                 // slower on every cell of the paper suite (PERF_NOTES.md)
 };
 
 class CudaTreeAttention {

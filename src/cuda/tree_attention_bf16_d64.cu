@@ -1,4 +1,4 @@
 // Instantiation: tree-attention kernel for bf16, head_dim 64.
 #include "cuda/tree_attention_launch.cuh"
 
-FASTTREE_INSTANTIATE_TREE_KERNEL(fasttree::cuda_detail::kDTypeBF16, 64, 0)
+FASTTREE_INSTANTIATE_TREE_KERNEL(fasttree::cuda_detail::kDTypeBF16, 64)

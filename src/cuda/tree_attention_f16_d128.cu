@@ -1,4 +1,4 @@
 // Instantiation: tree-attention kernel for f16, head_dim 128.
 #include "cuda/tree_attention_launch.cuh"
 
-FASTTREE_INSTANTIATE_TREE_KERNEL(fasttree::cuda_detail::kDTypeF16, 128, 0)
+FASTTREE_INSTANTIATE_TREE_KERNEL(fasttree::cuda_detail::kDTypeF16, 128)

@@ -21,10 +21,10 @@ struct DTypeOf<kDTypeBF16> {
   using T = __nv_bfloat16;
 };
 
-template <int DType, int D, int V>
+template <int DType, int D>
 int tree_kernel_prepare(TreeKernelInfo& info) {
-  using Cfg = TreeKernelConfig<D, V>;
-  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D, V>;
+  using Cfg = TreeKernelConfig<D>;
+  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -35,16 +35,16 @@ int tree_kernel_prepare(TreeKernelInfo& info) {
   return e;
 }
 
-template <int DType, int D, int V>
+template <int DType, int D>
 int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream) {
-  using Cfg = TreeKernelConfig<D, V>;
-  tree_attention_kernel<typename DTypeOf<DType>::T, D, V><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  using Cfg = TreeKernelConfig<D>;
+  tree_attention_kernel<typename DTypeOf<DType>::T, D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
   return cudaGetLastError();
 }
 
 }  // namespace fasttree::cuda_detail
 
-#define FASTTREE_INSTANTIATE_TREE_KERNEL(DTYPE, D, V)                                                        \
-  template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D, V>(fasttree::cuda_detail::TreeKernelInfo&); \
-  template int fasttree::cuda_detail::tree_kernel_launch<DTYPE, D, V>(const fasttree::cuda_detail::TreeAttnParams&, \
-                                                                      int, CUstream_st*);
+#define FASTTREE_INSTANTIATE_TREE_KERNEL(DTYPE, D)                                                      \
+  template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D>(fasttree::cuda_detail::TreeKernelInfo&); \
+  template int fasttree::cuda_detail::tree_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
+                                                                   CUstream_st*);

@@ -1,0 +1,89 @@
+// Shared definitions of the tree-attention kernel (tree_attention_kernel.cuh): tile configuration,
+// shared-memory layout, the XOR swizzle and the TileMeta handed from producer to consumers.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/device_plan.h"
+#include "cuda/ptx.cuh"
+
+namespace fasttree::cuda_detail {
+
+template <int D>
+struct TreeKernelConfig {
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");
+  static constexpr int kN = kKvTile;
+  static constexpr int kM = kMaxBlockRows;
+  static constexpr int kStages = D <= 64 ? 4 : 2;
+  // Block records are gathered kLook units ahead into a ring of kRecSlots (tree_attention_producer.cuh).
+  static constexpr int kLook = kStages + 1;
+  static constexpr int kRecSlots = kStages + 2;
+  static constexpr int kConsumerThreads = 128;
+  static constexpr int kThreads = kConsumerThreads + 32;
+  static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets
+  static constexpr bool kQInRegs = D <= 128;           // d = 256 re-reads Q fragments from shared
+  // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kStages][kM][D] T, block
+  // records [kRecSlots] BlockRecord, their unit ids [kRecSlots] int32 (padded to 16 bytes), row
+  // tables [kRowTables][kStages][kM] int32 (RowTable), TileMeta [kStages], combine (m, l)
+  // [4 warps][16 rows] float2, merge flags [kM] int32, mbarriers full/empty [kStages].
+  static constexpr int kRowTables = 5;
+  static constexpr int kKvStageBytes = 2 * kN * D * 2;
+  static constexpr int kQSlotBytes = kM * D * 2;
+  static constexpr int kQOff = kStages * kKvStageBytes;
+  static constexpr int kRecOff = kQOff + kStages * kQSlotBytes;
+  static constexpr int kRecUnitOff = kRecOff + kRecSlots * kRecordBytes;
+  static constexpr int kRowOff = kRecUnitOff + (kRecSlots * 4 + 15) / 16 * 16;
+  static constexpr int kMetaOff = kRowOff + kRowTables * kStages * kM * 4;
+  static constexpr int kMlOff = kMetaOff + kStages * 16;
+  static constexpr int kFlagOff = kMlOff + 4 * 16 * 8;
+  static constexpr int kBarOff = kFlagOff + kM * 4;
+  static constexpr int kSmemBytes = kBarOff + 2 * kStages * 8;
+  // The R < 4 combine writes [4 warps][16 rows][D] fp32 into one stage's K/V space.
+  static_assert(4 * 16 * D * 4 <= kKvStageBytes);
+  // Two CTAs per SM (D <= 128) must fit in 228 KB with 1 KB reserved per CTA.
+  static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024);
+};
+
+// Row tables of a Q slot, written by the producer from QueryInfo, read by the consumers' epilogue
+// and fused merge: table t of Q slot qs is row_tab + (t * kStages + qs) * kM.
+enum RowTable { kRowDst = 0, kRowHead = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4 };
+
+// Element offset of (row, col) in a shared [rows][D] tile of 16-bit elements whose 16-byte chunks
+// are XOR-swizzled by row % 8, so every ldmatrix phase reads 8 distinct bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// TileMeta as stored in shared memory (one int4): unit (-1 = no more work), valid tokens, block
+// rows, flags = first | last << 1 | partial << 2 | row_groups << 4 | q_slot << 8 (partial: some row
+// of the block writes a partial row).
+struct TileMetaBits {
+  static constexpr int kFirst = 1, kLast = 2, kPartial = 4;
+};
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ int64_t shfl_i64(int64_t x, int src) {
+  const int lo = __shfl_sync(kFullMask, static_cast<int>(x & 0xffffffff), src);
+  const int hi = __shfl_sync(kFullMask, static_cast<int>(x >> 32), src);
+  return (static_cast<int64_t>(hi) << 32) | static_cast<uint32_t>(lo);
+}
+
+struct SmemLayout {
+  unsigned char* kv;  // [kStages][2][kN][D]
+  unsigned char* q;   // [kStages][kM][D]
+  unsigned char* rec; // [kRecSlots] BlockRecord
+  int* rec_unit;      // [kRecSlots]
+  int* row_tab;       // [kRowTables][kStages][kM]
+  int4* meta;         // [kStages]
+  float2* ml;         // [4][16]
+  int* merge_flag;    // [kM]
+  uint64_t* full;     // [kStages]
+  uint64_t* empty;    // [kStages]
+};
+
+}  // namespace fasttree::cuda_detail

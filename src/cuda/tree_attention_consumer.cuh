@@ -1,0 +1,411 @@
+// Consumer warps (0-3) of the tree-attention kernel (tree_attention_kernel.cuh).
+//
+// A block of `rows` query rows (row = query_in_tile * g + head_in_group) is R = 1, 2 or 4 groups of
+// 16 rows; the 4 warps are R row groups x C = 4/R column groups, so warp w owns rows
+// [16 (w / C), +16) of the Q tile and columns [(w % C) * kN / C, +kN / C) of every KV tile. Per
+// tile: S = Q K^T (mma.sync m16n8k16, fp32 accumulate; A = Q from registers or shared, B = K via
+// ldmatrix), online softmax in fp32 (exp2 with sm_scale*log2(e) folded in, masked columns -inf,
+// every -inf case guarded), O += P V (P re-packed from the S accumulators, V via ldmatrix.trans).
+// After a unit's last tile: R = 4 writes the normalized rows straight from registers; R < 4 first
+// combines the C column groups of each row through shared memory (LSE-weighted, in the
+// just-consumed stage's K/V space) and writes coalesced float4 rows. Rows go to O[query] (+ LSE)
+// for direct queries, else to partial rows, which the fused merge (merge_tail: the CTA whose piece
+// completes a query merges it) or the separate merge kernel combines.
+#pragma once
+#include "cuda/merge_kernel.cuh"
+#include "cuda/tree_attention_common.cuh"
+
+namespace fasttree::cuda_detail {
+
+template <class T, int D>
+struct Consumer {
+  using Cfg = TreeKernelConfig<D>;
+  static constexpr int kN = Cfg::kN;
+  static constexpr int kDT = D / 8;  // n-tiles of 8 output columns
+  static constexpr int kKSteps = D / 16;
+
+  const TreeAttnParams& p;
+  const SmemLayout& s;
+  int warp, lane;
+
+  float o[kDT][4];  // O accumulator of rows g, g + 8 of the warp's 16-row group (unnormalized)
+  float m[2];       // running max of the scaled (log2) scores of rows g, g + 8
+  float l[2];       // running Σ 2^(s - m), per thread (reduced over the quad at the end)
+  uint32_t qf[Cfg::kQInRegs ? kKSteps : 1][4];
+
+  __device__ Consumer(const TreeAttnParams& params, const SmemLayout& smem, int w, int ln)
+      : p(params), s(smem), warp(w), lane(ln) {}
+
+  __device__ void reset() {
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    m[0] = m[1] = neg_inf();
+    l[0] = l[1] = 0.0f;
+  }
+
+  __device__ void load_q_regs(uint32_t q_base, int row_base) {
+    if constexpr (Cfg::kQInRegs) {
+      const int row = row_base + (lane & 15);
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_base + swz<D>(row, kk * 16 + (lane >> 4) * 8) * 2);
+    }
+  }
+
+  // One KV tile for the warp's 16 rows x NW columns starting at column cb.
+  // first: the unit's first tile (o is still zero, so its rescale is skipped).
+  template <int NW>
+  __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first) {
+    constexpr int NT = NW / 8;
+    float sc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+
+    // S = Q K^T
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[4];
+      if constexpr (Cfg::kQInRegs) {
+        a[0] = qf[kk][0];
+        a[1] = qf[kk][1];
+        a[2] = qf[kk][2];
+        a[3] = qf[kk][3];
+      } else {
+        ldmatrix_x4(a, q_base + swz<D>(row_base + (lane & 15), kk * 16 + (lane >> 4) * 8) * 2);
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j) {
+        if (cb + 16 * j < count) {
+          const int row = cb + 16 * j + ((lane >> 4) << 3) + (lane & 7);
+          const int col = kk * 16 + (((lane >> 3) & 1) << 3);
+          uint32_t bk[4];
+          ldmatrix_x4(bk, k_base + swz<D>(row, col) * 2);
+          mma_16816<T>(sc[2 * j], a, bk[0], bk[1]);
+          mma_16816<T>(sc[2 * j + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+
+    // Online softmax (log2 domain): mask, row max over the quad, rescale, exponentiate.
+    const int tq = lane & 3;
+    const float scale = p.scale_log2;
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int col = cb + i * 8 + 2 * tq;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = col + (e & 1) < count ? sc[i][e] * scale : neg_inf();
+        sc[i][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+    float mu[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      mu[r] = m_new == neg_inf() ? 0.0f : m_new;  // all masked so far: exponents stay -inf -> 0
+      alpha[r] = fast_exp2(m[r] - mu[r]);         // m = -inf -> 0
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = fast_exp2(sc[i][e] - mu[e >> 1]);
+        sc[i][e] = pe;
+        l[e >> 1] += pe;
+      }
+    }
+    if (!first) {
+#pragma unroll
+      for (int i = 0; i < kDT; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+      }
+    }
+
+    // O += P V, 16 tokens per k-step.
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) {
+      if (cb + 16 * j < count) {
+        uint32_t a[4];
+        a[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+        a[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+        a[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+        a[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        const int row = cb + 16 * j + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_base + swz<D>(row, (2 * dn + (lane >> 4)) * 8) * 2);
+          mma_16816<T>(o[2 * dn], a, bv[0], bv[1]);
+          mma_16816<T>(o[2 * dn + 1], a, bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Destination of block row r of Q slot qslot.
+  __device__ int row_tab(int table, int qslot, int r) const {
+    return s.row_tab[(table * Cfg::kStages + qslot) * Cfg::kM + r];
+  }
+
+  __device__ void row_dest(int qslot, int r, float*& orow, float*& lrow) const {
+    const int dst = row_tab(kRowDst, qslot, r);
+    const int h = row_tab(kRowHead, qslot, r);
+    if (dst >= 0) {
+      orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
+      lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
+    } else {
+      const int64_t pr = ~dst;
+      orow = p.partial + (pr * p.num_qo_heads + h) * D;
+      lrow = p.partial_lse + pr * p.num_qo_heads + h;
+    }
+  }
+
+  static __device__ float lse_of(float m2, float l2) {
+    return l2 > 0.0f ? (m2 + fast_log2(l2)) * 0.69314718055994531f : neg_inf();
+  }
+
+  // R = 4: each warp owns whole rows; write them from registers.
+  __device__ void epilogue_direct(int qslot, int row_base, int rows) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float lt = l[hr];
+      lt += __shfl_xor_sync(kFullMask, lt, 1);
+      lt += __shfl_xor_sync(kFullMask, lt, 2);
+      const int r = row_base + g + 8 * hr;
+      if (r < rows) {
+        float *orow, *lrow;
+        row_dest(qslot, r, orow, lrow);
+        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+#pragma unroll
+        for (int i = 0; i < kDT; ++i)
+          *reinterpret_cast<float2*>(orow + i * 8 + 2 * tq) = make_float2(o[i][2 * hr] * inv, o[i][2 * hr + 1] * inv);
+        if (tq == 0 && lrow != nullptr) *lrow = lse_of(m[hr], lt);
+      }
+    }
+  }
+
+  // R < 4: combine the C = 4 / R column groups of every row through shared memory, then write
+  // float4 rows with all 128 consumer threads. scratch = [4 warps][16 rows][D] fp32 in the consumed
+  // stage's K/V space, 8-float groups of row r XOR-swizzled by r % 8.
+  template <int R>
+  __device__ void epilogue_combine(int qslot, int rows, float* scratch) {
+    constexpr int C = 4 / R;
+    const int g = lane >> 2, tq = lane & 3;
+    const int rg = warp / C;
+    float lt[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      lt[hr] = l[hr];
+      lt[hr] += __shfl_xor_sync(kFullMask, lt[hr], 1);
+      lt[hr] += __shfl_xor_sync(kFullMask, lt[hr], 2);
+      if (tq == 0) s.ml[warp * 16 + g + 8 * hr] = make_float2(m[hr], lt[hr]);
+    }
+    named_barrier(1, Cfg::kConsumerThreads);  // ml complete; every warp done reading this stage
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r16 = g + 8 * hr;
+      float mstar = neg_inf();
+#pragma unroll
+      for (int cg = 0; cg < C; ++cg) mstar = fmaxf(mstar, s.ml[(rg * C + cg) * 16 + r16].x);
+      const float mu = mstar == neg_inf() ? 0.0f : mstar;
+      float total = 0.0f;
+#pragma unroll
+      for (int cg = 0; cg < C; ++cg) {
+        const float2 e = s.ml[(rg * C + cg) * 16 + r16];
+        total += e.y * fast_exp2(e.x - mu);
+      }
+      const float w = total > 0.0f ? fast_exp2(m[hr] - mu) / total : 0.0f;
+      // LSE now, so that no warp reads ml after the second barrier (the next unit rewrites it).
+      if (warp % C == 0 && tq == 0 && rg * 16 + r16 < rows) {
+        float *orow, *lrow;
+        row_dest(qslot, rg * 16 + r16, orow, lrow);
+        if (lrow != nullptr) *lrow = lse_of(mstar, total);
+      }
+      if (rg * 16 + r16 < rows) {  // rows beyond are never read back
+        float* srow = scratch + (warp * 16 + r16) * D;
+#pragma unroll
+        for (int i = 0; i < kDT; ++i) {
+          const int col = (i * 8 + 2 * tq) ^ (g << 3);  // r16 % 8 == g
+          *reinterpret_cast<float2*>(srow + col) = make_float2(o[i][2 * hr] * w, o[i][2 * hr + 1] * w);
+        }
+      }
+    }
+    named_barrier(1, Cfg::kConsumerThreads);
+    const int tid = warp * 32 + lane;
+    constexpr int kV4 = D / 4;
+    for (int idx = tid; idx < R * 16 * kV4; idx += Cfg::kConsumerThreads) {
+      const int row = idx / kV4;
+      if (row >= rows) break;  // idx increases: every later row is beyond too
+      const int c4 = idx - row * kV4;
+      const int grp = row >> 4, r16 = row & 15;
+      const int col = (c4 * 4) ^ ((r16 & 7) << 3);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int cg = 0; cg < C; ++cg) {
+        const float4 x = *reinterpret_cast<const float4*>(scratch + ((grp * C + cg) * 16 + r16) * D + col);
+        acc.x += x.x;
+        acc.y += x.y;
+        acc.z += x.z;
+        acc.w += x.w;
+      }
+      float *orow, *lrow;
+      row_dest(qslot, row, orow, lrow);
+      *reinterpret_cast<float4*>(orow + c4 * 4) = acc;
+    }
+  }
+
+  // ---- fused merge --------------------------------------------------------------------------
+
+  // Row r of Q slot qslot is the first row of its query inside this block and writes a partial row.
+  __device__ bool first_partial_row(int qslot, int r) const {
+    const int dst = row_tab(kRowDst, qslot, r);
+    return dst < 0 && (r == 0 || row_tab(kRowDst, qslot, r - 1) != dst);
+  }
+
+  // At a unit's first tile: pull the merge lists of its partial queries into L2, so that the merge
+  // (if this CTA ends up doing it) starts on L2 hits.
+  __device__ void prefetch_merge_lists(int qslot, int rows) const {
+    const int tid = warp * 32 + lane;
+    if (tid < rows && first_partial_row(qslot, tid))
+      prefetch_l2(p.merge_rows + row_tab(kRowMergeBegin, qslot, tid));
+  }
+
+  // After the unit's rows are stored (all 128 consumer threads): one thread per partial query of
+  // the block counts this (block, kv head) piece in merge_count[query, kvh]; the CTA that brings a
+  // counter to its target (n_expect >> 16) merges that query's g heads of kv head kvh and resets the
+  // counter for the next launch. Ordering: the barrier puts every thread's partial stores before
+  // the counting thread's release (acq_rel atomic at GPU scope); the merging CTA's acquire plus the
+  // second barrier put the other CTAs' stores before its L2 reads (merge_group).
+  __device__ void merge_tail(int qslot, int rows, int kvh) {
+    const int tid = warp * 32 + lane;
+    named_barrier(1, Cfg::kConsumerThreads);
+    if (tid < Cfg::kM) {
+      int flag = -1;
+      if (tid < rows && first_partial_row(qslot, tid)) {
+        const int q = row_tab(kRowQuery, qslot, tid);
+        const int expect = static_cast<uint32_t>(row_tab(kRowNExpect, qslot, tid)) >> 16;
+        int* ctr = p.merge_count + static_cast<int64_t>(q) * p.num_kv_heads + kvh;
+        if (atom_add_acq_rel_gpu(ctr, 1) == expect - 1) {
+          *reinterpret_cast<volatile int*>(ctr) = 0;
+          flag = tid;
+        }
+      }
+      s.merge_flag[tid] = flag;
+    }
+    named_barrier(1, Cfg::kConsumerThreads);
+    const uint32_t b0 = __ballot_sync(kFullMask, s.merge_flag[lane] >= 0);
+    const uint32_t b1 = __ballot_sync(kFullMask, s.merge_flag[32 + lane] >= 0);
+    const int c0 = __popc(b0);
+    const int njobs = (c0 + __popc(b1)) * p.gqa;  // (flagged query, head in group), same in every warp
+    constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
+    for (int j0 = 0; j0 < njobs; j0 += 4 * kJpw) {
+      const int job = j0 + warp * kJpw + lane / kLpj;
+      const bool active = job < njobs;
+      int q = 0, h = 0, rb = 0, n = 0;
+      if (active) {
+        const int fi = job / p.gqa;
+        // Row of the fi-th flagged query: the fi-th set bit of b1:b0.
+        uint32_t m = fi < c0 ? b0 : b1;
+        for (int i = fi < c0 ? fi : fi - c0; i > 0; --i) m &= m - 1;
+        const int row = (fi < c0 ? 0 : 32) + __ffs(m) - 1;
+        q = row_tab(kRowQuery, qslot, row);
+        rb = row_tab(kRowMergeBegin, qslot, row);
+        n = row_tab(kRowNExpect, qslot, row) & 0xffff;
+        h = kvh * p.gqa + (job - fi * p.gqa);
+      }
+      merge_group<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, p.num_qo_heads, active, q, h, rb, n, lane);
+    }
+  }
+
+  // Non-direct queries with no partial row at all (empty paths): O = 0, LSE = -inf. Grid-stride
+  // over [num_orphans, Hq, D / 4] float4 after the CTA's last unit.
+  __device__ void zero_orphans() const {
+    const int hq = p.num_qo_heads;
+    const int64_t per_query = static_cast<int64_t>(hq) * (D / 4);
+    const int64_t total = p.counts->num_orphans * per_query;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * Cfg::kConsumerThreads;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(Cfg::kConsumerThreads) + warp * 32 + lane; i < total; i += stride) {
+      const int64_t oq = i / per_query, rest = i - oq * per_query;
+      const int q = p.orphans[oq];
+      reinterpret_cast<float4*>(p.out + static_cast<int64_t>(q) * hq * D)[rest] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (p.lse != nullptr && rest % (D / 4) == 0) p.lse[static_cast<int64_t>(q) * hq + rest / (D / 4)] = neg_inf();
+    }
+  }
+
+  template <int R>
+  __device__ void tile(int stage, int qslot, int count, int rows, bool first, bool last, bool partial) {
+    constexpr int C = 4 / R;
+    constexpr int NW = kN / C;
+    const int row_base = (warp / C) * 16;
+    const int cb = (warp % C) * NW;
+    const bool active = row_base < rows;
+    unsigned char* kv = s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes;
+    const uint32_t q_base = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
+    const uint32_t k_base = smem_addr(kv);
+    const uint32_t v_base = k_base + kN * D * 2;
+    if (first) {
+      reset();
+      if (active) load_q_regs(q_base, row_base);
+      if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
+    }
+    if (active && cb < count) compute<NW>(q_base, k_base, v_base, row_base, cb, count, first);
+    if (last) {
+      if constexpr (R == 4) {
+        if (active) epilogue_direct(qslot, row_base, rows);
+      } else {
+        epilogue_combine<R>(qslot, rows, reinterpret_cast<float*>(kv));
+      }
+    }
+  }
+
+  __device__ void run() {
+    int stage = 0;
+    uint32_t parity = 0;
+    for (;;) {
+      mbar_wait(&s.full[stage], parity);
+      const int4 meta = s.meta[stage];
+      if (meta.x < 0) break;
+      const int count = meta.y, rows = meta.z, flags = meta.w;
+      const bool first = (flags & TileMetaBits::kFirst) != 0;
+      const bool last = (flags & TileMetaBits::kLast) != 0;
+      const bool partial = (flags & TileMetaBits::kPartial) != 0;
+      const int groups = (flags >> 4) & 7;
+      const int qslot = flags >> 8;
+      const int kvh = meta.x % p.num_kv_heads;
+      if (groups == 4) {
+        tile<4>(stage, qslot, count, rows, first, last, partial);
+      } else if (groups == 2) {
+        tile<2>(stage, qslot, count, rows, first, last, partial);
+      } else {
+        tile<1>(stage, qslot, count, rows, first, last, partial);
+      }
+      if (last && partial && p.merge_count != nullptr) {
+        // The accumulators and Q fragments are dead until the next unit's first tile: clearing
+        // them lets the compiler reuse their registers for the merge instead of spilling them.
+        reset();
+        if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+          for (int kk = 0; kk < kKSteps; ++kk) qf[kk][0] = qf[kk][1] = qf[kk][2] = qf[kk][3] = 0u;
+        }
+        merge_tail(qslot, rows, kvh);
+      }
+      mbar_arrive(&s.empty[stage]);  // every thread, after its last read of the stage
+      if (++stage == Cfg::kStages) {
+        stage = 0;
+        parity ^= 1;
+      }
+    }
+    if (p.merge_count != nullptr) zero_orphans();
+  }
+};
+
+}  // namespace fasttree::cuda_detail

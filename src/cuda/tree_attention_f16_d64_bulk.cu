@@ -1,4 +1,0 @@
-// Instantiation: tree-attention kernel for f16, head_dim 64, bulk-copy variant.
-#include "cuda/tree_attention_launch.cuh"
-
-FASTTREE_INSTANTIATE_TREE_KERNEL(fasttree::cuda_detail::kDTypeF16, 64, 1)

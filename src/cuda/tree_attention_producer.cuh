@@ -1,0 +1,333 @@
+// Producer warp of the tree-attention kernel (tree_attention_kernel.cuh).
+//
+// Gathers each unit's 64-token K/V tiles (and, on its first tile, the unit's Q rows) into the
+// kStages-deep shared-memory ring with 16-byte cp.async, 32 lanes x (D / 8) chunks per row.
+//
+// Unit sequence: the CTA's units seq = 0, 1, ... are blockIdx.x + seq * grid for seq < kLook (and
+// always with the static scheduler); later ones come from the atomic counter (offset by
+// kLook * grid), each claim issued one unit before its result is needed.
+//
+// Per-unit data: a BlockRecord (device_plan.h: descriptor, first 32 slot runs, per-row query
+// info) is gathered with cp.async into record slot seq % kRecSlots, kLook = kStages + 1 units
+// ahead, right after the first tile of unit seq - kLook is published. So no register ever waits
+// on a global load between tiles, and no explicit wait is needed: that record's copies precede
+// the producer's arrival on the next tile's full barrier, and the producer reads the record only
+// after its empty-barrier wait for that tile or a later one (>= kStages + 1 tiles later), which
+// the consumers release only after the full barrier completed. The first kLook records (issued
+// before the CTA barrier) are awaited with cp.async.wait_all.
+//
+// KV slots come from the vnode's runs of consecutive slots (device_plan.h), held lane-distributed
+// as a window of up to 32 runs:
+//   fast path  the tile lies inside one run (the usual case): row r's address is
+//              base + r * row_stride, no per-row lookup at all;
+//   slow path  the tile crosses runs: each lane resolves rows lane and lane + 32 by a binary search
+//              in the window (shuffles), then each copy pass shuffles its row's slot.
+// Stage handover: full[s] gets 64 arrivals per tile (each lane once when its cp.asyncs land, once
+// after its plain shared stores), empty[s] 128 (every consumer thread).
+#pragma once
+#include "cuda/tree_attention_common.cuh"
+
+namespace fasttree::cuda_detail {
+
+// Everything the producer knows about one unit. Lane-distributed fields: the run window (run
+// s0 + lane) and the query info of rows lane and lane + 32.
+struct UnitCtx {
+  int unit;  // >= num_units: none
+  int kvh;
+  BlockDesc d;
+  int s0, nwin;  // window = runs [s0, s0 + nwin), nwin <= 32
+  int64_t win_slot;
+  int win_tb, win_end;
+  int q[2], dst[2], mb[2], ne[2];
+};
+
+template <class T, int D>
+struct Producer {
+  using Cfg = TreeKernelConfig<D>;
+  static constexpr int kN = Cfg::kN;
+  static constexpr int kCpr = D / 8;         // 16-byte chunks per row: 8, 16, 32
+  static constexpr int kRpp = 32 / kCpr;     // rows per warp-wide pass: 4, 2, 1
+  static constexpr int kPasses = kN / kRpp;  // passes per 64-row tile
+  static constexpr int kPer = 8 / kRpp;      // passes per period of the row % 8 swizzle
+
+  const TreeAttnParams& p;
+  const SmemLayout& s;
+  int lane;
+  int sub, chunk;       // this lane's row within a pass and 16-byte chunk within the row
+  int num_units;
+  int pending = 0;      // lane 0: result of the claim issued one take() earlier
+  uint32_t so[kPer];    // byte offset in a [kN][D] tile of this lane's chunk in pass j < kPer
+
+  __device__ Producer(const TreeAttnParams& params, const SmemLayout& smem, int lane_id)
+      : p(params), s(smem), lane(lane_id) {
+    sub = lane / kCpr;
+    chunk = lane % kCpr;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int row = j * kRpp + sub;  // < 8
+      so[j] = static_cast<uint32_t>(row * D * 2 + ((chunk ^ row) << 4));
+    }
+    num_units = p.counts->num_units;
+    if (p.work_counter != nullptr && lane == 0) pending = claim();
+  }
+
+  // Shared byte offset of this lane's chunk in copy pass ps of a tile.
+  __device__ __forceinline__ uint32_t pass_off(int ps) const { return (ps / kPer) * 8 * D * 2 + so[ps % kPer]; }
+
+  // Unit of sequence index seq (>= num_units: none). Static for seq < kLook or without the atomic
+  // counter; otherwise the claim issued by the previous call (so the atomic's latency overlaps a
+  // unit), and a new claim is issued. Called with seq = kLook, kLook + 1, ... in order.
+  __device__ int take(int seq) {
+    if (seq < Cfg::kLook || p.work_counter == nullptr) return static_cast<int>(blockIdx.x) + seq * static_cast<int>(gridDim.x);
+    const int u = __shfl_sync(kFullMask, pending, 0);
+    if (lane == 0 && u < num_units) pending = claim();
+    return u;
+  }
+
+  __device__ int claim() const { return Cfg::kLook * static_cast<int>(gridDim.x) + atomicAdd(p.work_counter, 1); }
+
+  __device__ uint32_t rec_addr(int seq) const {
+    return smem_addr(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * kRecordBytes);
+  }
+
+  // Gathers unit `unit`'s block record into record slot seq % kRecSlots (nothing for no unit).
+  // blind: skip the unit < num_units check (the first unit: the record array has >= grid entries),
+  // so the copy does not wait for the counts.
+  __device__ void issue_record(int seq, int unit, bool blind = false) const {
+    if (lane == 0) s.rec_unit[seq % Cfg::kRecSlots] = unit;
+    __syncwarp();
+    if (!blind && unit >= num_units) return;
+    const char* src = reinterpret_cast<const char*>(p.records + unit / p.num_kv_heads);
+    const uint32_t dst = rec_addr(seq);
+#pragma unroll
+    for (int c = lane; c < kRecordBytes / 16; c += 32) cp_async_16(dst + c * 16, src + c * 16, 16);
+  }
+
+  // The current unit's state from its record (slot of seq, landed).
+  __device__ void read_record(UnitCtx& c, int seq, int unit) const {
+    const unsigned char* rec = s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * kRecordBytes;
+    c.unit = unit;
+    c.kvh = unit % p.num_kv_heads;
+    const int4 a = *reinterpret_cast<const int4*>(rec), b = *reinterpret_cast<const int4*>(rec + 16);
+    c.d = BlockDesc{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const BlockRecord* r = reinterpret_cast<const BlockRecord*>(rec);
+    c.s0 = c.d.seg_first;
+    c.nwin = min(kRecordRuns, c.d.seg_end - c.s0);
+    c.win_tb = 0x7fffffff;
+    c.win_end = 0x7fffffff;
+    c.win_slot = 0;
+    if (lane < c.nwin) {
+      const int4 run = *reinterpret_cast<const int4*>(&r->runs[lane]);
+      c.win_slot = (static_cast<int64_t>(run.y) << 32) | static_cast<uint32_t>(run.x);
+      c.win_tb = run.z;
+      c.win_end = run.z + run.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane + 32 * j;
+      const int4 qi = row < c.d.rows ? *reinterpret_cast<const int4*>(&r->rows[row]) : make_int4(0, 0, 0, 0);
+      c.q[j] = qi.x;
+      c.dst[j] = qi.y;
+      c.mb[j] = qi.z;
+      c.ne[j] = qi.w;
+    }
+  }
+
+  __device__ void load_window(UnitCtx& c, int s0) const {
+    c.s0 = s0;
+    c.nwin = min(32, c.d.seg_end - s0);
+    c.win_tb = 0x7fffffff;
+    c.win_end = 0x7fffffff;
+    c.win_slot = 0;
+    if (lane < c.nwin) {
+      const int4 run = __ldg(reinterpret_cast<const int4*>(p.runs + s0 + lane));
+      c.win_slot = (static_cast<int64_t>(run.y) << 32) | static_cast<uint32_t>(run.x);
+      c.win_tb = run.z;
+      c.win_end = run.z + run.w;
+    }
+  }
+
+  // Index in the window of the last run starting at or before tok (tok >= window start).
+  __device__ int window_search(const UnitCtx& c, int tok) const {
+    int k = 0;
+#pragma unroll
+    for (int step = 16; step >= 1; step >>= 1) {
+      const int cand = k + step;
+      const int tb = __shfl_sync(kFullMask, c.win_tb, cand & 31);
+      if (cand < c.nwin && tb <= tok) k = cand;
+    }
+    return k;
+  }
+
+  // Makes the window cover tokens [first, first + 31] (or to the end of the vnode). Rarely reloads:
+  // only vnodes with more than 32 runs need it.
+  __device__ void ensure_window(UnitCtx& c, int first) const {
+    while (c.nwin == 32) {
+      const int last_end = __shfl_sync(kFullMask, c.win_end, 31);
+      if (first + 31 < last_end) break;
+      const int k = first >= last_end ? 32 : window_search(c, first);
+      if (k == 0) break;  // the window starts at first's run: 32 runs cover 32 tokens
+      load_window(c, c.s0 + k);
+    }
+  }
+
+  // Q rows of unit c into Q slot `qslot`, plus the slot's row tables. Returns whether some row of
+  // the block writes a partial row.
+  __device__ bool issue_q(const UnitCtx& c, int qslot) const {
+    const T* qg = static_cast<const T*>(p.q);
+    const uint32_t sq = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
+    int* tab = s.row_tab + qslot * Cfg::kM;
+    constexpr int kTab = Cfg::kStages * Cfg::kM;  // distance between two tables
+    int64_t qoff[2];
+    bool partial = false;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = lane + 32 * j;
+      qoff[j] = -1;
+      if (r < c.d.rows) {
+        const int h = c.kvh * p.gqa + (c.d.row0 + r) % p.gqa;
+        qoff[j] = (static_cast<int64_t>(c.q[j]) * p.num_qo_heads + h) * D;
+        tab[kRowDst * kTab + r] = c.dst[j];
+        tab[kRowHead * kTab + r] = h;
+        tab[kRowQuery * kTab + r] = c.q[j];
+        tab[kRowMergeBegin * kTab + r] = c.mb[j];
+        tab[kRowNExpect * kTab + r] = c.ne[j];
+        partial |= c.dst[j] < 0;
+      }
+    }
+    const int fill = (c.d.rows + 15) & ~15;
+#pragma unroll 4
+    for (int r0 = 0; r0 < fill; r0 += kRpp) {
+      const int row = r0 + sub;
+      const int64_t off = shfl_i64(r0 < 32 ? qoff[0] : qoff[1], row & 31);
+      const bool valid = off >= 0;
+      cp_async_16(sq + swz<D>(row, chunk * 8) * 2, qg + (valid ? off + chunk * 8 : 0), valid ? 16 : 0);
+    }
+    return __any_sync(kFullMask, partial);
+  }
+
+  // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
+  // [count, round_up(count, 16)) are zeroed, rows beyond are never read.
+  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage) const {
+    const T* kg = static_cast<const T*>(p.k);
+    const T* vg = static_cast<const T*>(p.v);
+    const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
+    const uint32_t sv = sk + kN * D * 2;
+    const int64_t row_stride = static_cast<int64_t>(p.num_kv_heads) * D;  // elements between slots
+    const int64_t col_off = static_cast<int64_t>(c.kvh) * D + chunk * 8;
+    const int base = c.d.kv_begin + t * kN;
+    const int fill = (count + 15) & ~15;
+    ensure_window(c, base);
+    const int k0 = window_search(c, base);  // same for every lane
+    if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
+      // Fast path: one run; row r is slot slot0 + r.
+      const int64_t slot0 = shfl_i64(c.win_slot, k0) + (base - __shfl_sync(kFullMask, c.win_tb, k0));
+      const int64_t off0 = (slot0 + sub) * row_stride + col_off;
+      const T* kp = kg + off0;
+      const T* vp = vg + off0;
+#pragma unroll
+      for (int ps = 0; ps < kPasses; ++ps) {
+        if (ps * kRpp < fill) {
+          const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
+          const int64_t o = ps * kRpp * row_stride;
+          cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
+          cp_async_16(sv + pass_off(ps), valid ? vp + o : vg, valid ? 16 : 0);
+        }
+      }
+      return;
+    }
+    // Slow path: slots of rows lane (slot[0]) and lane + 32 (slot[1]).
+    int slot[2] = {0, 0};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (32 * h < count) {
+        const int first = base + 32 * h;
+        ensure_window(c, first);
+        const int tok = first + lane;
+        const int k = window_search(c, tok);
+        const int64_t sl = shfl_i64(c.win_slot, k) + (tok - __shfl_sync(kFullMask, c.win_tb, k));
+        slot[h] = 32 * h + lane < count ? static_cast<int>(sl) : 0;
+      }
+    }
+#pragma unroll 8
+    for (int ps = 0; ps < kPasses; ++ps) {
+      if (ps * kRpp < fill) {
+        const int row = ps * kRpp + sub;
+        const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
+        const bool valid = row < count;
+        const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + col_off : 0;
+        cp_async_16(sk + pass_off(ps), kg + off, valid ? 16 : 0);
+        cp_async_16(sv + pass_off(ps), vg + off, valid ? 16 : 0);
+      }
+    }
+  }
+
+  // Publishes stage `stage`: meta by lane 0; every lane arrives once for its cp.asyncs (when they
+  // land) and once for its plain shared stores (meta, row tables).
+  __device__ void publish(int stage, int4 meta) const {
+    if (lane == 0) s.meta[stage] = meta;
+    mbar_arrive_cp_async(&s.full[stage]);
+    mbar_arrive(&s.full[stage]);
+  }
+
+  // Before the CTA barrier: the records of units 0 .. kLook - 1 (static ids; the first one blind,
+  // the others once the counts have arrived). Writes only the record ring (and its unit ids),
+  // which nothing else touches before the barrier.
+  __device__ void prologue() {
+#pragma unroll 1
+    for (int seq = 0; seq < Cfg::kLook; ++seq) issue_record(seq, take(seq), seq == 0);
+  }
+
+  __device__ void run() {
+    cp_async_wait_all();  // the prologue's records
+    __syncwarp();
+    UnitCtx a;
+    bool partial = false;  // the current unit writes partial rows
+    int stage = 0;
+    uint32_t parity = 1;  // empty barriers: the first round passes at once
+    int seq = 0, t = 0, ntiles = 0;
+    for (;;) {
+      mbar_wait(&s.empty[stage], parity);
+      if (t == 0) {  // a new unit: its record has landed (see the header comment)
+        const int unit = s.rec_unit[seq % Cfg::kRecSlots];
+        if (unit >= num_units) break;
+        read_record(a, seq, unit);
+        ntiles = (a.d.kv_len + kN - 1) / kN;
+      }
+      const bool last = t == ntiles - 1;
+      const int count = min(kN, a.d.kv_len - t * kN);
+      const int qslot = seq % Cfg::kStages;
+      if (t == 0) partial = issue_q(a, qslot);
+      issue_kv(a, t, count, stage);
+      const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
+                        (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8);
+      publish(stage, make_int4(a.unit, count, a.d.rows, flags));
+      if (t == 0) issue_record(seq + Cfg::kLook, take(seq + Cfg::kLook));  // into unit seq - 1's slot
+      if (++stage == Cfg::kStages) {
+        stage = 0;
+        parity ^= 1;
+      }
+      if (last) {
+        ++seq;
+        t = 0;
+      } else {
+        ++t;
+      }
+    }
+    // Here the empty wait of `stage` has passed: publish the end of work on it.
+    publish(stage, make_int4(-1, 0, 0, 0));
+    cp_async_wait_all();
+    // The last CTA to get here resets the work counter for the next launch: every claim of every
+    // CTA precedes its own increment of the done count.
+    if (p.work_counter != nullptr && lane == 0) {
+      __threadfence();
+      if (atomicAdd(p.work_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+        __threadfence();
+        atomicExch(p.work_counter, 0);
+        atomicExch(p.work_counter + 1, 0);
+      }
+    }
+  }
+};
+
+}  // namespace fasttree::cuda_detail
