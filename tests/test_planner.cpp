@@ -67,7 +67,9 @@ TEST(Planner, ConcatenatesWhenItRemovesPadding) {
   // root into its vnode: 15 padded rows x 150 tokens) leaves exactly 16 rows, which fit the
   // 16-row class with no padding. After that, every further move only adds padding.
   const KvTree t = root_with_leaves(100, 17, 50);
-  Planner planner;
+  PlannerConfig cfg;
+  cfg.split = false;  // this test is about edges; one chunk per context keeps query 0 direct
+  Planner planner(cfg);
   Plan plan;
   planner.build(t, AttnShape{8, 8, 64}, plan);
   validate_plan(plan, t);

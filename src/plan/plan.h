@@ -51,8 +51,8 @@ struct PlannerConfig {
   // max_chunk > 0). split = false keeps every vnode's context in one chunk (ablation "no split").
   bool split = true;
   int num_sms = 132;
-  double split_waves = 1.0;
-  int64_t min_chunk = 256;
+  double split_waves = 2.0;
+  int64_t min_chunk = 128;
   int64_t max_chunk = 0;
 };
 
