@@ -10,6 +10,7 @@ void register_attention_command(CLI::App& app);
 void register_gen_tree_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_calibrate_command(CLI::App& app);
+void register_generate_command(CLI::App& app);
 
 inline void register_commands(CLI::App& app) {
   register_plan_command(app);
@@ -17,6 +18,7 @@ inline void register_commands(CLI::App& app) {
   register_gen_tree_command(app);
   register_bench_command(app);
   register_calibrate_command(app);
+  register_generate_command(app);
 }
 
 }  // namespace fasttree

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "cpu/reference.h"
 #include "engine/cpu_ops.h"
+#include "plan/plan_validate.h"
 
 namespace fasttree {
 
@@ -182,9 +183,15 @@ std::vector<float> CpuModel::decode(const DecodeBatch& batch, DecodeAttention at
   const AttnShape shape = c.attn_shape();
   const float scale = shape.default_sm_scale();
   if (attention == DecodeAttention::kFastTree) {
-    planner_.build(tree, shape, plan_);
+    const Plan* plan = batch.plan;
+    if (plan == nullptr) {
+      planner_.build(tree, shape, plan_);
+      plan = &plan_;
+    } else {
+      validate_plan(*plan, tree);
+    }
     auto attend = [&](int layer, std::span<const float> q, std::span<float> out) {
-      execute_plan(plan_, tree, shape, q, k_[static_cast<size_t>(layer)], v_[static_cast<size_t>(layer)], scale, out,
+      execute_plan(*plan, tree, shape, q, k_[static_cast<size_t>(layer)], v_[static_cast<size_t>(layer)], scale, out,
                    {}, workspace_, options_.num_threads);
     };
     return forward(batch.tokens, batch.positions, batch.slots, attend, 0);

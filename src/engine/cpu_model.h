@@ -15,8 +15,8 @@
 // decode: one new token per request; `tree` has one query per request whose root -> node path is
 //   the request's whole context, ending with the request's own new slot (built with
 //   core/cache_tree.h build_kv_tree or engine/slot_paths.h). Attention goes through the FastTree
-//   planner (planned once per call, executed per layer by cpu/executor), or, as the independent
-//   check, through cpu/reference on the same tree.
+//   planner (planned once per call unless the batch brings its plan, executed per layer by
+//   cpu/executor), or, as the independent check, through cpu/reference on the same tree.
 // Every bad input (token out of vocab, slot out of range or used twice, size mismatch, a query's
 // path not ending at its slot, a context beyond the sliding window) throws fasttree::Error.
 #pragma once
@@ -27,24 +27,13 @@
 
 #include "core/kv_tree.h"
 #include "cpu/executor.h"
+#include "engine/model.h"
 #include "engine/rope.h"
 #include "engine/weights.h"
 #include "plan/plan.h"
 #include "plan/planner.h"
 
 namespace fasttree {
-
-enum class DecodeAttention {
-  kFastTree,   // Planner + execute_plan (cpu/executor)
-  kReference,  // reference_attention (cpu/reference, fp64)
-};
-
-struct DecodeBatch {
-  std::span<const int32_t> tokens;     // [B] input token of each request
-  std::span<const int32_t> positions;  // [B] its position (RoPE)
-  std::span<const int32_t> slots;      // [B] KV slot its K/V is written to (distinct)
-  const KvTree* tree = nullptr;        // B queries; query b's path ends with slots[b]
-};
 
 // Largest KV pool (K and V of every layer, fp32) a CpuModel allocates.
 inline constexpr double kMaxCpuKvBytes = 32.0 * (1 << 30);
@@ -54,22 +43,23 @@ struct CpuModelOptions {
   PlannerConfig planner;   // decode planning (FastTree attention)
 };
 
-class CpuModel {
+class CpuModel final : public DecoderModel {
  public:
   CpuModel(ModelWeights weights, int32_t num_slots, CpuModelOptions options = {});
 
-  const ModelConfig& config() const { return weights_.config; }
+  const ModelConfig& config() const override { return weights_.config; }
   const ModelWeights& weights() const { return weights_; }
-  int32_t num_slots() const { return num_slots_; }
+  int32_t num_slots() const override { return num_slots_; }
   Planner& planner() { return planner_; }
-  const Plan& last_plan() const { return plan_; }  // plan of the last FastTree decode
+  const Plan& last_plan() const { return plan_; }  // plan of the last FastTree decode that planned here
 
   // Returns logits [1, V] of the last new token, or [n, V] of every new token when all_logits.
   std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                              std::span<const int32_t> slots, std::span<const int32_t> context_slots,
-                             bool all_logits = false);
-  // Returns logits [B, V].
-  std::vector<float> decode(const DecodeBatch& batch, DecodeAttention attention = DecodeAttention::kFastTree);
+                             bool all_logits = false) override;
+  // Returns logits [B, V]. With batch.plan set (FastTree) that plan is executed instead of planning
+  // here; it is validated against the tree (validate_plan) first.
+  std::vector<float> decode(const DecodeBatch& batch, DecodeAttention attention = DecodeAttention::kFastTree) override;
 
   // Layer `layer`'s K or V pool, [num_slots, Hkv, d].
   std::span<const float> k_cache(int layer) const;

@@ -1,0 +1,50 @@
+// DecoderModel: what the scheduler (engine/scheduler.h) needs from a model backend. CpuModel
+// (engine/cpu_model.h, fp32) implements it now; the GPU model implements the same interface.
+//
+// The model owns a KV pool of num_slots() token slots per layer; the scheduler hands slots out
+// (core/slot_pool) and tells the model where each token's K/V goes.
+//   prefill: new tokens of ONE sequence at `positions`, K/V written to `slots`, attending causally
+//            to the cached `context_slots` (already in the pool) followed by the new tokens.
+//   decode:  one new token per sequence; `tree` gives each sequence's whole context as a root ->
+//            node path ending with its own new slot. When `plan` is set (FastTree attention) it is
+//            the planner's plan for exactly this tree and the model executes it as is (the
+//            scheduler plans, re-planning only when the batch changes); when null the model plans.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/kv_tree.h"
+#include "engine/model_config.h"
+#include "plan/plan.h"
+
+namespace fasttree {
+
+enum class DecodeAttention {
+  kFastTree,   // Planner + plan executor (CPU: cpu/executor; GPU: the FastTree kernels)
+  kReference,  // CPU: reference_attention (cpu/reference, fp64); ignores `plan`
+};
+
+struct DecodeBatch {
+  std::span<const int32_t> tokens;     // [B] input token of each request
+  std::span<const int32_t> positions;  // [B] its position (RoPE)
+  std::span<const int32_t> slots;      // [B] KV slot its K/V is written to (distinct)
+  const KvTree* tree = nullptr;        // B queries; query b's path ends with slots[b]
+  const Plan* plan = nullptr;          // FastTree plan of `tree` (nullptr: the model plans)
+};
+
+class DecoderModel {
+ public:
+  virtual ~DecoderModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual int32_t num_slots() const = 0;
+  // Logits [1, V] of the last new token ([n, V] of every new token when all_logits).
+  virtual std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                     std::span<const int32_t> slots, std::span<const int32_t> context_slots,
+                                     bool all_logits = false) = 0;
+  // Logits [B, V].
+  virtual std::vector<float> decode(const DecodeBatch& batch,
+                                    DecodeAttention attention = DecodeAttention::kFastTree) = 0;
+};
+
+}  // namespace fasttree

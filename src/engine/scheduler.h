@@ -1,0 +1,166 @@
+// Scheduler: request queue, continuous batching, radix prefix cache, FastTree decode (DESIGN.md §7),
+// over any DecoderModel (engine/model.h: CpuModel now, the GPU model later).
+//
+// Requests are admitted first come, first served. Admitting one (between decode steps):
+//   1. match its prompt (all but the last token, whose logits are needed) in the RadixCache and
+//      lock the match;
+//   2. check that its KV slots fit: uncached prompt tokens + n * (max_new_tokens - 1) must be at
+//      most free + evictable slots minus what running sequences have reserved for their remaining
+//      tokens; if not, unlock and wait (the head of the queue blocks the rest) until running
+//      sequences finish. Reserving a request's worst case up front means a running sequence never
+//      lacks a slot: nothing is preempted and nothing crashes;
+//   3. evict (LRU, unlocked leaves first) as needed, allocate, prefill only the uncached tokens,
+//      insert the prompt into the cache and lock its node once per sample;
+//   4. fork it into n sequences that share the prompt's cache nodes, each sampling its first
+//      token from the prompt's last logits with its own Sampler (sample i: seed + i).
+// A decode step feeds every running sequence's last token: one new slot each, appended to the
+// sequence's private tail. When the set of running sequences is the one of the previous step, the
+// previous KvTree grows by one token per leaf and the previous plan is patched (engine/plan_extend.h);
+// otherwise (a sequence joined or finished) the tree is rebuilt from the cache (core/cache_tree.h
+// build_kv_tree: shared prompt nodes + one tail leaf per sequence; or one whole-path root per
+// sequence in the per-request baseline) and re-planned. A sequence finishes after max_new_tokens
+// tokens or after emitting a stop token; its fed tokens (prompt + generated, all but the last) are
+// inserted into the cache (when cache_generated), its locks dropped and its unused reservation
+// released. A request's result is complete when its n samples are.
+//
+// submit() rejects, with a one-line fasttree::Error, what can never run: an empty prompt, a token
+// outside the vocabulary, max_new_tokens < 0, n < 1 or n > max_running, bad sampling parameters, a
+// context beyond a sliding window, and a request needing more KV slots than the whole pool
+// (prompt + n * (max_new_tokens - 1) > capacity). max_new_tokens == 0 finishes at once, empty.
+// Single-threaded; an exception from the model leaves the scheduler unusable.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "core/kv_tree.h"
+#include "core/radix_cache.h"
+#include "core/slot_pool.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/slot_paths.h"
+#include "plan/plan.h"
+#include "plan/planner.h"
+
+namespace fasttree {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;       // token ids, non-empty
+  int max_new_tokens = 16;           // tokens generated per sample (fewer when a stop token comes)
+  int n = 1;                         // samples sharing the prompt
+  SamplingParams sampling;           // sample i draws with seed sampling.seed + i
+  std::vector<int32_t> stop_tokens;  // a sample stops after emitting one (it is kept in the output)
+};
+
+struct GenerationResult {
+  int64_t id = -1;                             // submit() order, from 0
+  std::vector<std::vector<int32_t>> samples;   // [n] generated tokens
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;                   // prompt tokens reused from the prefix cache
+};
+
+struct SchedulerOptions {
+  int max_running = 256;                                // sequences decoded together at most
+  DecodeAttention attention = DecodeAttention::kFastTree;
+  PathSharing sharing = PathSharing::kShared;           // kPerRequest: per-request attention baseline
+  PlannerConfig planner;
+  bool cache_generated = true;  // finished sequences' tokens stay in the prefix cache
+  bool extend_plans = true;     // false: rebuild the tree and re-plan every decode step
+};
+
+struct SchedulerStats {
+  int64_t requests_submitted = 0;
+  int64_t requests_finished = 0;
+  int64_t prompt_tokens = 0;         // Σ prompt lengths of admitted requests
+  int64_t cached_prompt_tokens = 0;  // of those, reused from the cache
+  int64_t prefill_tokens = 0;        // tokens computed by prefill
+  int64_t prefill_calls = 0;
+  int64_t decode_steps = 0;
+  int64_t decode_tokens = 0;         // Σ batch sizes of the decode steps
+  int64_t generated_tokens = 0;
+  int64_t plans = 0;                 // planner runs (FastTree attention)
+  int64_t plan_extensions = 0;       // decode steps that patched the previous plan instead
+  int64_t tree_rebuilds = 0;         // decode steps that rebuilt the KvTree (batch changed)
+  int64_t evicted_tokens = 0;
+  int64_t admission_waits = 0;       // steps where the head of the queue waited for KV slots
+  int max_batch = 0;                 // largest decode batch
+  double cache_hit_rate() const {
+    return prompt_tokens > 0 ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens) : 0.0;
+  }
+};
+
+class Scheduler {
+ public:
+  // The model must outlive the scheduler; its whole KV pool (num_slots()) is managed here.
+  explicit Scheduler(DecoderModel& model, SchedulerOptions options = {});
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates and queues a request (see above); returns its id.
+  int64_t submit(GenerationRequest request);
+  // Admits what fits, then runs one decode step over the running sequences. False when idle.
+  bool step();
+  // Steps until idle; returns the results finished since the last take_finished(), by id.
+  std::vector<GenerationResult> run();
+  // Results finished since the last call, in finishing order.
+  std::vector<GenerationResult> take_finished();
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  size_t num_waiting() const { return waiting_.size(); }   // requests
+  size_t num_running() const { return running_.size(); }   // sequences
+  const SchedulerStats& stats() const { return stats_; }
+  const RadixCache& cache() const { return cache_; }
+  const SlotPool& pool() const { return pool_; }
+  const KvTree& last_tree() const { return tree_; }  // tree of the last decode step
+  const Plan& last_plan() const { return plan_; }    // its plan (FastTree attention)
+  int64_t reserved_slots() const { return reserved_; }
+  // Throws fasttree::Error when the cache or the slot accounting is inconsistent (tests).
+  void check_invariants() const;
+
+ private:
+  struct Group {
+    int64_t id = -1;
+    GenerationRequest request;
+    GenerationResult result;
+    int unfinished = 0;
+  };
+  struct Sequence {
+    Group* group = nullptr;
+    int sample = 0;
+    NodeId node = kRootNode;           // locked cache node: the prompt
+    int64_t prompt_len = 0;
+    std::vector<int32_t> tail_slots;   // KV slots of the generated tokens fed so far
+    int64_t reserve_left = 0;          // slots still reserved for this sequence
+    std::unique_ptr<Sampler> sampler;
+  };
+
+  bool admit(Group& group);          // false: does not fit now
+  void ensure_free(int64_t n);
+  void decode_step();
+  void sample_into(Sequence& seq, std::span<const float> logits);
+  bool is_done(const Sequence& seq) const;
+  void finish(Sequence& seq);
+  void finish_group_if_done(Group& group);
+  std::vector<int32_t> path_slots(NodeId node) const;
+
+  DecoderModel& model_;
+  SchedulerOptions options_;
+  SlotPool pool_;
+  RadixCache cache_;
+  Planner planner_;
+  std::deque<std::unique_ptr<Group>> waiting_;
+  std::vector<std::unique_ptr<Group>> active_;       // admitted, not finished
+  std::vector<std::unique_ptr<Sequence>> running_;   // in batch order
+  std::vector<GenerationResult> finished_;
+  int64_t next_id_ = 0;
+  int64_t reserved_ = 0;     // Σ reserve_left of running sequences
+  bool batch_changed_ = true;
+  KvTree tree_;
+  Plan plan_;
+  SchedulerStats stats_;
+  // Per-step buffers.
+  std::vector<int32_t> step_tokens_, step_positions_, step_slots_;
+};
+
+}  // namespace fasttree
