@@ -107,13 +107,20 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
                      const Reference& ref, float scale, const std::string& what, CudaRunOptions opt = {}) {
   opt.poison_outputs = true;
   Errors worst;
-  for (bool fused : {true, false}) {
+  // Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
+  // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too).
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool fused = mode == 0;
+    if (mode == 2 && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
     opt.fuse_merge = fused;
+    opt.warp_unit_max_kv = mode == 2 ? (1 << 30) : 0;
+    opt.warp_unit_min_units = 0;
+    const char* tag = mode == 0 ? " [fused merge]" : (mode == 1 ? " [merge launch]" : " [warp-per-unit + merge launch]");
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
     const Errors e = compare(out, lse, ref.out, ref.lse);
-    EXPECT_LE(e.out, out_tol(t)) << what << (fused ? " [fused merge]" : " [merge launch]");
-    EXPECT_LE(e.lse, 1e-3) << what << (fused ? " [fused merge]" : " [merge launch]");
+    EXPECT_LE(e.out, out_tol(t)) << what << tag;
+    EXPECT_LE(e.lse, 1e-3) << what << tag;
     worst.out = std::max(worst.out, e.out);
     worst.lse = std::max(worst.lse, e.lse);
   }
@@ -376,6 +383,7 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   std::vector<float> base(x.q.size()), base_lse(ref.lse.size());
   CudaRunOptions plain;
   plain.poison_outputs = true;
+  plain.warp_unit_max_kv = 0;  // the main kernel only (the warp path is checked below)
   cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, base, base_lse, plain);
   EXPECT_LE(compare(base, base_lse, ref.out, ref.lse).out, out_tol(KvDType::kBF16));
   CudaRunOptions graph = plain;
@@ -404,6 +412,17 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
     const Errors e = compare(out, lse, base, base_lse);
     EXPECT_LE(e.out, 1e-6);
     EXPECT_LE(e.lse, 1e-6);
+  }
+  // Warp-per-unit path under graph replay and plain repeats (its units take a second kernel).
+  for (const bool use_graph : {true, false}) {
+    CudaRunOptions warp = use_graph ? graph : plain_repeat;
+    warp.warp_unit_max_kv = 1 << 30;
+    warp.warp_unit_min_units = 0;
+    std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, warp);
+    const Errors e = compare(out, lse, ref.out, ref.lse);
+    EXPECT_LE(e.out, out_tol(KvDType::kBF16)) << "warp-per-unit" << (use_graph ? " graph" : " repeats");
+    EXPECT_LE(e.lse, 1e-3) << "warp-per-unit" << (use_graph ? " graph" : " repeats");
   }
   // lse may be omitted.
   std::vector<float> out(x.q.size(), NAN);

@@ -32,6 +32,8 @@ struct CudaRunOptions {
   bool atomic_scheduler = true;  // false: persistent CTAs take units round-robin
   bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
   bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
+  int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
+  int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -60,6 +62,8 @@ struct CudaTimingOptions {
   bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
   bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
   bool skip_merge = false;       // diagnostics: time the tree kernel without merging partial rows
+  int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
+  int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
 };
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,

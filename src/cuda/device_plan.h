@@ -71,10 +71,10 @@ static_assert(kRecordBytes == 1568 && kRecordBytes % 16 == 0);
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
 // plan is uploaded into the same buffers.
 struct DeviceCounts {
-  int32_t num_units;    // blocks x kv heads
-  int32_t num_merge;    // non-direct queries
-  int32_t num_orphans;  // non-direct queries with no partial row (empty paths: O = 0, LSE = -inf)
-  int32_t pad_;
+  int32_t num_units;      // units of the main tree kernel: [0, num_units)
+  int32_t num_merge;      // non-direct queries
+  int32_t num_orphans;    // non-direct queries with no partial row (empty paths: O = 0, LSE = -inf)
+  int32_t num_all_units;  // blocks x kv heads; [num_units, num_all_units) run on the warp-per-unit kernel
 };
 
 // Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] (dtype T), out [Q, Hq, d] fp32,

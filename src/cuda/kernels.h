@@ -26,6 +26,14 @@ int tree_kernel_prepare(TreeKernelInfo& info);
 template <int DType, int D>
 int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream);
 
+// Warp-per-unit kernel for short units (tree_attention_warp.cuh; head_dim 64 and 128 only, else
+// cudaErrorInvalidValue): prepare reports its resident CTAs per SM, launch runs `grid` persistent
+// CTAs of kWarpUnitThreads threads over units [counts->num_units, counts->num_all_units).
+template <int DType, int D>
+int warp_kernel_prepare(int& ctas_per_sm);
+template <int DType, int D>
+int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream);
+
 // Launches the merge kernel (grid-stride over non-direct queries x heads).
 int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream);
 

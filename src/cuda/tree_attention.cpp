@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -49,6 +50,24 @@ int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_
   }
 }
 
+int prepare_warp_kernel(int dtype, int d, int& ctas_per_sm) {
+  const bool f16 = dtype == kDTypeF16;
+  switch (d) {
+    case 64: return f16 ? warp_kernel_prepare<kDTypeF16, 64>(ctas_per_sm) : warp_kernel_prepare<kDTypeBF16, 64>(ctas_per_sm);
+    case 128: return f16 ? warp_kernel_prepare<kDTypeF16, 128>(ctas_per_sm) : warp_kernel_prepare<kDTypeBF16, 128>(ctas_per_sm);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+int launch_warp_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+  const bool f16 = dtype == kDTypeF16;
+  switch (d) {
+    case 64: return f16 ? warp_kernel_launch<kDTypeF16, 64>(p, grid, stream) : warp_kernel_launch<kDTypeBF16, 64>(p, grid, stream);
+    case 128: return f16 ? warp_kernel_launch<kDTypeF16, 128>(p, grid, stream) : warp_kernel_launch<kDTypeBF16, 128>(p, grid, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 struct CudaTreeAttention::Impl {
@@ -60,6 +79,9 @@ struct CudaTreeAttention::Impl {
   int num_sms = 0;
   int grid = 0;
   int merge_grid = 0;
+  int warp_max_kv = 0;  // resolved warp_unit_max_kv (0: warp-per-unit path off)
+  int warp_min_units = 0;
+  int warp_grid = 0;
 
   // Device arena holding the plan, and its pinned host mirror (same layout).
   void* arena = nullptr;
@@ -85,12 +107,13 @@ struct CudaTreeAttention::Impl {
   // Uploaded plan.
   int num_queries = 0;
   int num_units = 0;
+  int num_main_units = 0;  // [0, num_main_units) on the main kernel, the rest on the warp kernel
   int num_merge = 0;
   int64_t num_partial_rows = 0;
   bool uploaded = false;
   int num_orphans = 0;
   uint64_t epoch = 1;
-  bool last_has_units = false, last_has_merge = false;
+  bool last_has_units = false, last_has_merge = false, last_has_warp = false;
 
   // Launch sequence of the uploaded plan: fused = one tree-kernel launch that also merges.
   bool fused() const { return options.fuse_merge && options.run_merge && num_units > 0; }
@@ -185,6 +208,18 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   const int per_sm = options.ctas_per_sm > 0 ? std::min(options.ctas_per_sm, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
   m.grid = m.num_sms * per_sm;
   m.merge_grid = m.num_sms * 4;
+  m.warp_max_kv = options.warp_unit_max_kv;
+  if (m.warp_max_kv < 0) {
+    const char* env = std::getenv("FT_WARP_UNITS");
+    m.warp_max_kv = env != nullptr ? std::atoi(env) : kDefaultWarpUnitMaxKv;
+  }
+  if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
+  m.warp_min_units = options.warp_unit_min_units >= 0 ? options.warp_unit_min_units : kDefaultWarpUnitMinUnits;
+  if (m.warp_max_kv > 0) {
+    int per = 0;
+    FT_CUDA_CHECK(prepare_warp_kernel(kernel_dtype(dtype), shape.head_dim, per));
+    m.warp_grid = m.num_sms * std::max(per, 1);
+  }
   try {
     FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.upload_done, cudaEventDisableTiming));
     FT_CUDA_CHECK(cudaMalloc(&m.counter, 2 * sizeof(int)));
@@ -345,10 +380,21 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   }
   // Records: the kernel reads a record's runs below min(32, seg_end - seg_first) and rows below
   // desc.rows only; the padding records (first units of idle CTAs) are never read.
+  // Items whose single block has <= 16 rows and whose chunk has <= warp_max_kv tokens go last (the
+  // warp-per-unit kernel's units), the others keep the plan's order.
   BlockRecord* records = m.host_section<BlockRecord>(kRecords);
-  int64_t b = 0;
+  auto short_item = [&](const PlanItem& it) {
+    return m.warp_max_kv > 0 && static_cast<int64_t>(it.q_count) * g <= 16 && it.kv_len <= m.warp_max_kv;
+  };
+  int64_t num_short_units = 0;
+  for (const PlanItem& it : plan.items) num_short_units += short_item(it) ? sh.num_kv_heads : 0;
+  const bool use_warp = num_short_units > 0 && num_short_units >= m.warp_min_units;
+  auto warp_item = [&](const PlanItem& it) { return use_warp && short_item(it); };
+  int64_t b = 0, num_main_blocks = 0;
+  for (int pass = 0; pass < 2; ++pass)
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& it = plan.items[i];
+    if (warp_item(it) != (pass == 1)) continue;
     const DeviceRun* r_first = runs + m.vnode_run_begin[it.vnode];
     const DeviceRun* r_last = runs + m.vnode_run_begin[it.vnode + 1];
     const DeviceRun* run = std::upper_bound(r_first, r_last, it.kv_begin,
@@ -376,11 +422,12 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
         rec.rows[r] = info;
       }
     }
+    if (pass == 0) num_main_blocks = b;
   }
   for (; b < num_records; ++b) records[b].desc = BlockDesc{};
   DeviceCounts* counts = m.host_section<DeviceCounts>(kCounts);
-  *counts = DeviceCounts{static_cast<int32_t>(num_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge),
-                         static_cast<int32_t>(num_orphans), 0};
+  *counts = DeviceCounts{static_cast<int32_t>(num_main_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge),
+                         static_cast<int32_t>(num_orphans), static_cast<int32_t>(num_blocks * sh.num_kv_heads)};
   int32_t* mq = m.host_section<int32_t>(kMergeQueries);
   int32_t* orphans = m.host_section<int32_t>(kOrphans);
   for (int q = 0, k = 0, o = 0; q < nq; ++q) {
@@ -398,14 +445,17 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
 
   m.num_queries = nq;
   m.num_units = static_cast<int>(num_blocks * sh.num_kv_heads);
+  m.num_main_units = static_cast<int>(num_main_blocks * sh.num_kv_heads);
   m.num_merge = static_cast<int>(num_merge);
   m.num_orphans = static_cast<int>(num_orphans);
   m.num_partial_rows = rows_cap;
   m.uploaded = true;
-  const bool has_units = m.num_units > 0, has_merge = m.num_merge > 0;
-  if (has_units != m.last_has_units || has_merge != m.last_has_merge) ++m.epoch;
+  const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
+             has_warp = m.num_units > m.num_main_units;
+  if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp) ++m.epoch;
   m.last_has_units = has_units;
   m.last_has_merge = has_merge;
+  m.last_has_warp = has_warp;
 }
 
 void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* out, float* lse,
@@ -435,7 +485,9 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.num_kv_heads = m.shape.num_kv_heads;
     p.gqa = m.shape.gqa();
     p.scale_log2 = m.scale * 1.4426950408889634f;
-    FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+    if (m.num_units > m.num_main_units)
+      FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream));
+    if (m.num_main_units > 0) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
   }
   if (!fused && m.num_merge > 0 && m.options.run_merge) {
     MergeParams mp{};

@@ -22,6 +22,10 @@
 // One CudaTreeAttention runs one launch at a time: concurrent run()s of the same object on
 // different streams would share its counters.
 //
+// Short units (blocks of <= 16 rows with <= warp_unit_max_kv tokens, when a plan has at least
+// warp_unit_min_units of them) run one per warp on a second kernel (tree_attention_warp.cuh),
+// enqueued before the main kernel.
+//
 // Kernel tile classes: a work item's q_count * g rows select 16-row (4 warps split the KV tile),
 // 32-row or 64-row tiles; items with more than 64 rows run as several 64-row blocks. The KV tile
 // is the kernel's own (64 tokens): the plan's tile_classes[].kv_tile only shapes its chunking.
@@ -47,7 +51,18 @@ struct CudaTreeAttentionOptions {
   bool fuse_merge = false;       // merge partial rows inside the tree kernel (the CTA that writes a
                                  // query's last piece merges it) instead of a separate merge launch;
                                  // slower on every cell of the paper suite (PERF_NOTES.md)
+  // Warp-per-unit path (tree_attention_warp.cuh): blocks of <= 16 rows whose chunk has at most this
+  // many tokens run one unit per warp on a second kernel launched before the main one. 0 = off;
+  // < 0 = the FT_WARP_UNITS environment variable if set, else kDefaultWarpUnitMaxKv. head_dim 64 and
+  // 128 only; ignored with fuse_merge.
+  int warp_unit_max_kv = -1;
+  // The warp path is used for a plan only when it has at least this many eligible units (fewer
+  // short units overlap the main kernel's long ones better than a second, serialized launch:
+  // PERF_NOTES.md). < 0 = kDefaultWarpUnitMinUnits.
+  int warp_unit_min_units = -1;
 };
+inline constexpr int kDefaultWarpUnitMaxKv = 64;
+inline constexpr int kDefaultWarpUnitMinUnits = 4096;
 
 class CudaTreeAttention {
  public:

@@ -7,6 +7,7 @@
 
 #include "cuda/kernels.h"
 #include "cuda/tree_attention_kernel.cuh"
+#include "cuda/tree_attention_warp.cuh"
 
 namespace fasttree::cuda_detail {
 
@@ -42,9 +43,33 @@ int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stre
   return cudaGetLastError();
 }
 
+template <int DType, int D>
+int warp_kernel_prepare(int& ctas_per_sm) {
+  ctas_per_sm = 0;
+  if constexpr (D == 64 || D == 128) {
+    const auto kernel = warp_unit_kernel<typename DTypeOf<DType>::T, D>;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kWarpUnitThreads, 0);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
+template <int DType, int D>
+int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream) {
+  if constexpr (D == 64 || D == 128) {
+    warp_unit_kernel<typename DTypeOf<DType>::T, D><<<grid, kWarpUnitThreads, 0, stream>>>(params);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace fasttree::cuda_detail
 
 #define FASTTREE_INSTANTIATE_TREE_KERNEL(DTYPE, D)                                                      \
   template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D>(fasttree::cuda_detail::TreeKernelInfo&); \
   template int fasttree::cuda_detail::tree_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
+                                                                   CUstream_st*); \
+  template int fasttree::cuda_detail::warp_kernel_prepare<DTYPE, D>(int&);                              \
+  template int fasttree::cuda_detail::warp_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
                                                                    CUstream_st*);
