@@ -35,13 +35,13 @@ enum class EdgePolicy {
 };
 
 // Every constant of the planner. Defaults: `fasttree calibrate` on the H200 (bench/results/
-// h200-calibration.csv; README "Calibration"): alpha 0.66, beta 1, gamma 0.1, min_chunk 128,
+// h200-calibration.csv; README "Calibration"): alpha 0.33, beta 0.33, gamma 0.1, min_chunk 128,
 // split_waves 2, tile classes 64 and 16 rows.
 struct PlannerConfig {
   // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
   // SplitKV pays gamma per query that gets one more partial result.
-  double alpha = 0.66;
-  double beta = 1.0;
+  double alpha = 0.33;
+  double beta = 0.33;
   double gamma = 0.1;
   // Tile classes, any order; a vnode with R = nQ*g query rows uses the smallest class with
   // q_rows >= R, or the largest class when none is that large.
