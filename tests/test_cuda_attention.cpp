@@ -115,6 +115,7 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
     opt.fuse_merge = fused;
     opt.warp_unit_max_kv = mode == 2 ? (1 << 30) : 0;
     opt.warp_unit_min_units = 0;
+    opt.warp_overlap = 1;  // the warp kernel beside the main kernel (side stream)
     const char* tag = mode == 0 ? " [fused merge]" : (mode == 1 ? " [merge launch]" : " [warp-per-unit + merge launch]");
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
@@ -413,16 +414,32 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
     EXPECT_LE(e.out, 1e-6);
     EXPECT_LE(e.lse, 1e-6);
   }
-  // Warp-per-unit path under graph replay and plain repeats (its units take a second kernel).
-  for (const bool use_graph : {true, false}) {
-    CudaRunOptions warp = use_graph ? graph : plain_repeat;
-    warp.warp_unit_max_kv = 1 << 30;
-    warp.warp_unit_min_units = 0;
-    std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
-    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, warp);
-    const Errors e = compare(out, lse, ref.out, ref.lse);
-    EXPECT_LE(e.out, out_tol(KvDType::kBF16)) << "warp-per-unit" << (use_graph ? " graph" : " repeats");
-    EXPECT_LE(e.lse, 1e-3) << "warp-per-unit" << (use_graph ? " graph" : " repeats");
+  // Warp-per-unit path under graph replay and plain repeats (its units take a second kernel),
+  // beside the main kernel on a forked side stream (a graph with two parallel branches joined
+  // before the merge) and serialized before it: every unit is computed the same way either way,
+  // so all four runs are bit-identical.
+  std::vector<float> warp_base, warp_base_lse;
+  for (const int overlap : {1, 0}) {
+    for (const bool use_graph : {true, false}) {
+      CudaRunOptions warp = use_graph ? graph : plain_repeat;
+      warp.warp_unit_max_kv = 1 << 30;
+      warp.warp_unit_min_units = 0;
+      warp.warp_overlap = overlap;
+      const std::string tag = std::string("warp-per-unit") + (overlap ? " overlapped" : " serialized") +
+                              (use_graph ? " graph" : " repeats");
+      std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+      cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, warp);
+      const Errors e = compare(out, lse, ref.out, ref.lse);
+      EXPECT_LE(e.out, out_tol(KvDType::kBF16)) << tag;
+      EXPECT_LE(e.lse, 1e-3) << tag;
+      if (warp_base.empty()) {
+        warp_base = out;
+        warp_base_lse = lse;
+      } else {
+        EXPECT_EQ(out, warp_base) << tag;
+        EXPECT_EQ(lse, warp_base_lse) << tag;
+      }
+    }
   }
   // lse may be omitted.
   std::vector<float> out(x.q.size(), NAN);

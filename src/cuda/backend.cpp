@@ -112,6 +112,7 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.fuse_merge = options.fuse_merge;
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
+  opt.warp_overlap = options.warp_overlap;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);
   att.upload(plan, tree, st.s, num_slots);
   // Poisoned before every repeat, so that a repeat that leaves something unwritten fails too.
@@ -203,6 +204,7 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   opt.fuse_merge = options.fuse_merge;
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
+  opt.warp_overlap = options.warp_overlap;
   opt.run_merge = !options.skip_merge;
   CudaTreeAttention att(shape, dtype, 0.0f, opt);
   att.upload(plan, tree, st.s, num_slots);

@@ -34,6 +34,7 @@ struct CudaRunOptions {
   bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
+  int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -64,6 +65,7 @@ struct CudaTimingOptions {
   bool skip_merge = false;       // diagnostics: time the tree kernel without merging partial rows
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
+  int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
 };
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,

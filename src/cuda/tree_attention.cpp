@@ -82,6 +82,9 @@ struct CudaTreeAttention::Impl {
   int warp_max_kv = 0;  // resolved warp_unit_max_kv (0: warp-per-unit path off)
   int warp_min_units = 0;
   int warp_grid = 0;
+  bool warp_overlap = false;  // warp kernel on side_stream beside the main kernel
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
   // Device arena holding the plan, and its pinned host mirror (same layout).
   void* arena = nullptr;
@@ -127,6 +130,9 @@ struct CudaTreeAttention::Impl {
     if (counter != nullptr) (void)cudaFree(counter);
     if (merge_count != nullptr) (void)cudaFree(merge_count);
     if (upload_done != nullptr) (void)cudaEventDestroy(upload_done);
+    if (fork_event != nullptr) (void)cudaEventDestroy(fork_event);
+    if (join_event != nullptr) (void)cudaEventDestroy(join_event);
+    if (side_stream != nullptr) (void)cudaStreamDestroy(side_stream);
   }
 
   template <class X>
@@ -214,14 +220,35 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
     m.warp_max_kv = env != nullptr ? std::atoi(env) : kDefaultWarpUnitMaxKv;
   }
   if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
-  m.warp_min_units = options.warp_unit_min_units >= 0 ? options.warp_unit_min_units : kDefaultWarpUnitMinUnits;
+  int overlap = options.warp_overlap;
+  if (overlap < 0) {
+    const char* env = std::getenv("FT_WARP_OVERLAP");
+    overlap = env != nullptr ? std::atoi(env) : 1;
+  }
+  m.warp_overlap = m.warp_max_kv > 0 && overlap != 0;
+  m.warp_min_units = options.warp_unit_min_units;
+  if (m.warp_min_units < 0) {
+    const char* env = std::getenv("FT_WARP_MIN_UNITS");
+    m.warp_min_units = env != nullptr ? std::max(0, std::atoi(env)) : kDefaultWarpUnitMinUnits;
+  }
   if (m.warp_max_kv > 0) {
     int per = 0;
     FT_CUDA_CHECK(prepare_warp_kernel(kernel_dtype(dtype), shape.head_dim, per));
-    m.warp_grid = m.num_sms * std::max(per, 1);
+    per = std::max(per, 1);
+    int want = options.warp_ctas_per_sm;
+    if (want <= 0) {
+      const char* env = std::getenv("FT_WARP_CTAS");
+      want = env != nullptr ? std::atoi(env) : 0;
+    }
+    m.warp_grid = m.num_sms * (want > 0 ? std::min(want, per) : per);
   }
   try {
     FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.upload_done, cudaEventDisableTiming));
+    if (m.warp_overlap) {
+      FT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.side_stream, cudaStreamNonBlocking));
+      FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.fork_event, cudaEventDisableTiming));
+      FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.join_event, cudaEventDisableTiming));
+    }
     FT_CUDA_CHECK(cudaMalloc(&m.counter, 2 * sizeof(int)));
     // Zero once; the kernel leaves it zero after every launch. Synchronized, because run() may use a
     // stream that does not wait for the legacy default stream.
@@ -485,9 +512,21 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.num_kv_heads = m.shape.num_kv_heads;
     p.gqa = m.shape.gqa();
     p.scale_log2 = m.scale * 1.4426950408889634f;
-    if (m.num_units > m.num_main_units)
-      FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream));
-    if (m.num_main_units > 0) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+    const bool has_warp = m.num_units > m.num_main_units, has_main = m.num_main_units > 0;
+    if (has_warp && has_main && m.warp_overlap) {
+      // Fork: the side stream waits for everything enqueued on `stream` so far (uploads, poison),
+      // runs the warp kernel beside the main kernel, and `stream` waits for it before the merge.
+      // The main kernel is enqueued first so that its (large) CTAs are placed first.
+      FT_CUDA_CHECK(cudaEventRecord(m.fork_event, stream));
+      FT_CUDA_CHECK(cudaStreamWaitEvent(m.side_stream, m.fork_event, 0));
+      FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+      FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, m.side_stream));
+      FT_CUDA_CHECK(cudaEventRecord(m.join_event, m.side_stream));
+      FT_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join_event, 0));
+    } else {
+      if (has_warp) FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream));
+      if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+    }
   }
   if (!fused && m.num_merge > 0 && m.options.run_merge) {
     MergeParams mp{};
@@ -519,5 +558,6 @@ float CudaTreeAttention::sm_scale() const { return impl_->scale; }
 int CudaTreeAttention::num_queries() const { return impl_->num_queries; }
 int CudaTreeAttention::num_units() const { return impl_->num_units; }
 int CudaTreeAttention::grid_size() const { return impl_->grid; }
+bool CudaTreeAttention::warp_overlap() const { return impl_->warp_overlap; }
 
 }  // namespace fasttree

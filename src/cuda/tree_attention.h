@@ -23,8 +23,11 @@
 // different streams would share its counters.
 //
 // Short units (blocks of <= 16 rows with <= warp_unit_max_kv tokens, when a plan has at least
-// warp_unit_min_units of them) run one per warp on a second kernel (tree_attention_warp.cuh),
-// enqueued before the main kernel.
+// warp_unit_min_units of them) run one per warp on a second kernel (tree_attention_warp.cuh).
+// By default (warp_overlap) it runs beside the main kernel: run() forks an internal non-blocking
+// stream off `stream` with an event, launches the warp kernel there and the main kernel on
+// `stream`, and joins with a second event before the merge (a graph captured on `stream` gets two
+// parallel branches). The stream and events are created once, in the constructor.
 //
 // Kernel tile classes: a work item's q_count * g rows select 16-row (4 warps split the KV tile),
 // 32-row or 64-row tiles; items with more than 64 rows run as several 64-row blocks. The KV tile
@@ -52,16 +55,26 @@ struct CudaTreeAttentionOptions {
                                  // query's last piece merges it) instead of a separate merge launch;
                                  // slower on every cell of the paper suite (PERF_NOTES.md)
   // Warp-per-unit path (tree_attention_warp.cuh): blocks of <= 16 rows whose chunk has at most this
-  // many tokens run one unit per warp on a second kernel launched before the main one. 0 = off;
+  // many tokens run one unit per warp on a second kernel (beside the main one: warp_overlap). 0 = off;
   // < 0 = the FT_WARP_UNITS environment variable if set, else kDefaultWarpUnitMaxKv. head_dim 64 and
   // 128 only; ignored with fuse_merge.
   int warp_unit_max_kv = -1;
   // The warp path is used for a plan only when it has at least this many eligible units (fewer
   // short units overlap the main kernel's long ones better than a second, serialized launch:
-  // PERF_NOTES.md). < 0 = kDefaultWarpUnitMinUnits.
+  // PERF_NOTES.md). < 0 = the FT_WARP_MIN_UNITS environment variable if set, else
+  // kDefaultWarpUnitMinUnits.
   int warp_unit_min_units = -1;
+  // 1: the warp kernel runs on an internal second stream beside the main kernel (fork/join events);
+  // 0: serialized before the main kernel on the caller's stream (the old behaviour, for A/B);
+  // < 0: the FT_WARP_OVERLAP environment variable if set, else 1.
+  int warp_overlap = -1;
+  // Warp-kernel CTAs per SM (64 threads each); <= 0: the FT_WARP_CTAS environment variable if set,
+  // else as many as fit alone (2 per SM measured far worse: geomean 6.50x floor vs 5.06x).
+  int warp_ctas_per_sm = 0;
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 64;
+// Overlapped and serialized alike: with the overlap, thresholds 0 and 4096 measured the same
+// within noise (geomean 5.08 vs 5.06x floor; 0 was ~0.5 us slower on three 26-30 us cells).
 inline constexpr int kDefaultWarpUnitMinUnits = 4096;
 
 class CudaTreeAttention {
@@ -92,6 +105,7 @@ class CudaTreeAttention {
   int num_queries() const;  // of the uploaded plan
   int num_units() const;    // (block, kv head) units of the uploaded plan
   int grid_size() const;    // persistent CTAs per launch
+  bool warp_overlap() const;  // the warp kernel runs on the side stream (resolved option)
 
  private:
   struct Impl;
