@@ -30,7 +30,7 @@
 #include "cpu/executor.h"
 #include "cpu/reference.h"
 #include "cuda/backend.h"
-#include "cuda/per_request.h"
+#include "plan/per_request_plan.h"
 #include "plan/plan.h"
 #include "plan/plan_stats.h"
 #include "plan/plan_validate.h"

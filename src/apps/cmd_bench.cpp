@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/tree_gen.h"
 #include "cuda/backend.h"
-#include "cuda/per_request.h"
+#include "plan/per_request_plan.h"
 #include "plan/plan_stats.h"
 #include "plan/plan_validate.h"
 #include "plan/planner.h"
@@ -45,13 +45,6 @@ struct BenchCmd {
 
 using Cell = SuiteCell;
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
-  return out;
-}
-
 std::string spaced(const std::string& commas) {
   std::string s = commas;
   std::replace(s.begin(), s.end(), ',', ' ');
@@ -75,7 +68,7 @@ void run_bench(const BenchCmd& c) {
     cells.push_back(std::move(cell));
   }
   std::vector<KvDType> dtypes;
-  for (const auto& d : split(c.dtypes, ',')) {
+  for (const auto& d : split_fields(c.dtypes, ',')) {
     FT_CHECK(d == "fp16" || d == "bf16", "--dtypes: unknown dtype '" + d + "' (fp16, bf16)");
     dtypes.push_back(d == "fp16" ? KvDType::kF16 : KvDType::kBF16);
   }

@@ -12,15 +12,6 @@ namespace fasttree {
 
 namespace {
 
-// Splits a CSV line (a trailing '\r' of CRLF files is dropped).
-std::vector<std::string> split(std::string s, char sep) {
-  if (!s.empty() && s.back() == '\r') s.pop_back();
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
-  return out;
-}
-
 double to_double(const std::string& s, const std::string& where) {
   if (s.empty()) return NAN;
   try {
@@ -31,6 +22,14 @@ double to_double(const std::string& s, const std::string& where) {
 }
 
 }  // namespace
+
+std::vector<std::string> split_fields(std::string s, char sep) {
+  if (!s.empty() && s.back() == '\r') s.pop_back();
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
+  return out;
+}
 
 // The source tree's copy when it exists (the build machine), else relative to the working folder
 // (binaries carried to another machine run from the repository root there).
@@ -44,7 +43,7 @@ std::vector<SuiteCell> load_suite(const std::string& path) {
   FT_CHECK(f.good(), path + ": cannot open the suite file");
   std::string line;
   std::getline(f, line);
-  const auto hdr = split(line, ',');
+  const auto hdr = split_fields(line, ',');
   auto col = [&](const std::string& name) {
     const auto it = std::find(hdr.begin(), hdr.end(), name);
     FT_CHECK(it != hdr.end(), path + ": missing column " + name);
@@ -59,7 +58,7 @@ std::vector<SuiteCell> load_suite(const std::string& path) {
     ++line_no;
     if (line.empty()) continue;
     const std::string where = path + ":" + std::to_string(line_no);
-    const auto v = split(line, ',');
+    const auto v = split_fields(line, ',');
     FT_CHECK(v.size() == hdr.size(), where + ": expected " + std::to_string(hdr.size()) + " columns");
     SuiteCell c;
     c.nodes_per_level = v[c_nodes];

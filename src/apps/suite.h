@@ -16,6 +16,9 @@ struct SuiteCell {
   double triton_us = 0, sdpa_us = 0, pat_us = 0, best_anchor_us = 0;  // NaN when absent
 };
 
+// Splits a CSV line or a comma list (a trailing '\r' of CRLF files is dropped).
+std::vector<std::string> split_fields(std::string s, char sep);
+
 std::string default_anchors_path();
 std::vector<SuiteCell> load_suite(const std::string& path);
 

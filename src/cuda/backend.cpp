@@ -15,7 +15,7 @@
 #include "core/tree_gen.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
-#include "cuda/per_request.h"
+#include "plan/per_request_plan.h"
 #include "cuda/tree_attention.h"
 
 namespace fasttree {

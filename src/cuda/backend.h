@@ -41,7 +41,7 @@ void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape
                     std::span<const float> q, std::span<const float> k, std::span<const float> v,
                     float sm_scale, std::span<float> out, std::span<float> lse, const CudaRunOptions& options);
 
-// Per-request baseline (cuda/per_request.h): every query reads its whole path, no sharing.
+// Per-request baseline (plan/per_request_plan.h): every query reads its whole path, no sharing.
 void cuda_attention_per_request(const KvTree& tree, const AttnShape& shape, KvDType dtype,
                                 std::span<const float> q, std::span<const float> k, std::span<const float> v,
                                 float sm_scale, std::span<float> out, std::span<float> lse,

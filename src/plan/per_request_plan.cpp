@@ -1,4 +1,4 @@
-#include "cuda/per_request.h"
+#include "plan/per_request_plan.h"
 
 #include <algorithm>
 #include <cmath>
