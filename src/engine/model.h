@@ -25,6 +25,16 @@ enum class DecodeAttention {
   kReference,  // CPU: reference_attention (cpu/reference, fp64); ignores `plan`
 };
 
+// Time a model spent in decode steps since the last reset_times(), by phase (the GPU model measures
+// with CUDA events around each phase when profiling is on; the CPU model reports zeros).
+struct DecodeTimes {
+  int64_t steps = 0;
+  double total_ms = 0;      // whole decode steps (host call to results on the host)
+  double attention_ms = 0;  // attention kernels (tree attention + merge, or prefill attention)
+  double gemm_ms = 0;       // cuBLAS GEMMs (QKV, O, gate/up, down, LM head)
+  double other_ms = 0;      // everything else on the device (norms, RoPE/KV append, SwiGLU, argmax, copies)
+};
+
 struct DecodeBatch {
   std::span<const int32_t> tokens;     // [B] input token of each request
   std::span<const int32_t> positions;  // [B] its position (RoPE)
@@ -45,6 +55,14 @@ class DecoderModel {
   // Logits [B, V].
   virtual std::vector<float> decode(const DecodeBatch& batch,
                                     DecodeAttention attention = DecodeAttention::kFastTree) = 0;
+  // Greedy tokens [B] of a decode step (argmax of each row, lowest id on exact ties) without
+  // handing the logits back: the GPU model reduces on the device. Default: decode() + greedy_token.
+  virtual std::vector<int32_t> decode_greedy(const DecodeBatch& batch,
+                                             DecodeAttention attention = DecodeAttention::kFastTree);
+  // Per-phase timing of decode steps (DecodeTimes); profiling may add a little time per phase.
+  virtual void set_profiling(bool /*on*/) {}
+  virtual DecodeTimes decode_times() const { return {}; }
+  virtual void reset_times() {}
 };
 
 }  // namespace fasttree

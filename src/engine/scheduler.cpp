@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/cache_tree.h"
@@ -103,8 +104,10 @@ bool Scheduler::admit(Group& group) {
   const std::vector<int32_t> new_slots = pool_.alloc(compute);
   std::vector<int32_t> positions(static_cast<size_t>(compute));
   for (int64_t i = 0; i < compute; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(m.length + i);
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<float> logits =
       model_.prefill(prompt.subspan(static_cast<size_t>(m.length)), positions, new_slots, m.slots);
+  stats_.prefill_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.prefill_calls;
   stats_.prefill_tokens += compute;
   stats_.prompt_tokens += p;
@@ -206,6 +209,7 @@ void Scheduler::decode_step() {
     step_positions_[i] = static_cast<int32_t>(s.prompt_len + static_cast<int64_t>(s.tail_slots.size()) - 1);
   }
   const bool fasttree = options_.attention == DecodeAttention::kFastTree;
+  const auto plan_t0 = std::chrono::steady_clock::now();
   bool planned = false;
   if (batch_changed_ || !options_.extend_plans) {
     ++stats_.tree_rebuilds;
@@ -235,20 +239,44 @@ void Scheduler::decode_step() {
     planner_.build(tree_, model_.config().attn_shape(), plan_);
     ++stats_.plans;
   }
+  const auto plan_t1 = std::chrono::steady_clock::now();
+  stats_.plan_ms += std::chrono::duration<double, std::milli>(plan_t1 - plan_t0).count();
   DecodeBatch batch{step_tokens_, step_positions_, step_slots_, &tree_, fasttree ? &plan_ : nullptr};
-  const std::vector<float> logits = model_.decode(batch, options_.attention);
+  // All greedy: the model picks the tokens (on the device for the GPU model), no logits cross over.
+  const bool all_greedy = std::all_of(running_.begin(), running_.end(), [](const auto& s) {
+    return s->sampler->params().temperature == 0.0f;
+  });
+  std::vector<float> logits;
+  std::vector<int32_t> greedy;
+  if (all_greedy) {
+    greedy = model_.decode_greedy(batch, options_.attention);
+    FT_CHECK(greedy.size() == b, "scheduler: model returned " + num(static_cast<int64_t>(greedy.size())) +
+                                     " tokens for a batch of " + num(static_cast<int64_t>(b)));
+  } else {
+    logits = model_.decode(batch, options_.attention);
+  }
+  stats_.decode_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - plan_t1).count();
   ++stats_.decode_steps;
   stats_.decode_tokens += static_cast<int64_t>(b);
   stats_.max_batch = std::max(stats_.max_batch, static_cast<int>(b));
 
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
-  FT_CHECK(logits.size() == b * vocab, "scheduler: model returned " + num(static_cast<int64_t>(logits.size())) +
-                                           " logits for a batch of " + num(static_cast<int64_t>(b)));
+  FT_CHECK(all_greedy || logits.size() == b * vocab,
+           "scheduler: model returned " + num(static_cast<int64_t>(logits.size())) + " logits for a batch of " +
+               num(static_cast<int64_t>(b)));
   std::vector<std::unique_ptr<Sequence>> still;
   still.reserve(b);
   for (size_t i = 0; i < b; ++i) {
     Sequence& s = *running_[i];
-    sample_into(s, std::span<const float>(logits).subspan(i * vocab, vocab));
+    if (all_greedy) {
+      const int32_t token = greedy[i];
+      FT_CHECK(token >= 0 && token < model_.config().vocab_size,
+               "scheduler: model returned token " + num(token) + " outside the vocabulary");
+      s.group->result.samples[static_cast<size_t>(s.sample)].push_back(token);
+      ++stats_.generated_tokens;
+    } else {
+      sample_into(s, std::span<const float>(logits).subspan(i * vocab, vocab));
+    }
     if (is_done(s)) {
       finish(s);
       batch_changed_ = true;

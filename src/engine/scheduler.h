@@ -85,6 +85,9 @@ struct SchedulerStats {
   int64_t evicted_tokens = 0;
   int64_t admission_waits = 0;       // steps where the head of the queue waited for KV slots
   int max_batch = 0;                 // largest decode batch
+  double plan_ms = 0;                // host time building decode trees and planning / extending plans
+  double decode_ms = 0;              // host time in the model's decode calls (includes the device work)
+  double prefill_ms = 0;             // host time in the model's prefill calls
   double cache_hit_rate() const {
     return prompt_tokens > 0 ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens) : 0.0;
   }

@@ -1,0 +1,71 @@
+// Host-side launchers of the engine's fused elementwise kernels and the prefill attention kernel
+// (engine_ops.cu, prefill_attention.cu). No CUDA header here: streams are CUstream_st*
+// (= cudaStream_t); bf16 tensors are uint16_t (the upper half of an fp32, core/half.h). Every
+// launcher enqueues on `stream` and throws fasttree::Error (naming the kernel and the CUDA error)
+// when the launch fails; shapes are checked on the host (non-positive sizes, head_dim not even, ...).
+// Pointers are device memory. Row-major everywhere; n = number of token rows.
+//
+// The model's data flow per layer (engine/gpu_model.h):
+//   resid fp32 [n, h] --add_rms_norm--> x bf16 [n, h] --GEMM--> qkv fp32 [n, qd + 2 kvd]
+//   --rope_qkv_append--> q bf16 [n, Hq, d] (+ K/V rows written into the pool at `slots`)
+//   --attention--> o (decode: fp32 [n, Hq, d] -> f32_to_bf16; prefill: bf16) --GEMM--> delta fp32 [n, h]
+//   --add_rms_norm (resid += delta)--> x bf16 --GEMM--> gate_up bf16 [n, 2I] --silu_mul--> act bf16 [n, I]
+//   --GEMM--> delta fp32 [n, h] --> next layer's add_rms_norm
+#pragma once
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace fasttree::cuda_ops {
+
+using Stream = CUstream_st*;
+
+// resid[i, :] = fp32(table[tokens[i], :]) for i < n. table bf16 [vocab, h]. Token ids are checked
+// by the caller (out-of-range ids are clamped to 0 here, never read out of bounds).
+void embed(const int32_t* tokens, int n, const uint16_t* table, int64_t vocab, int64_t h, float* resid, Stream stream);
+
+// HF LlamaRMSNorm with an optional residual add first:
+//   if delta: resid += delta (fp32, in place)
+//   out = bf16(weight * (resid / sqrt(mean(resid²) + eps)))      (fp32 math, bf16 weight)
+// resid fp32 [n, h], delta fp32 [n, h] or nullptr, weight bf16 [h], out bf16 [n, h].
+void add_rms_norm(float* resid, const float* delta, const uint16_t* weight, float eps, int n, int64_t h,
+                  uint16_t* out, Stream stream);
+
+// qkv fp32 [n, (Hq + 2 Hkv) * d]: row i = [q heads | k heads | v heads] (the fused QKV GEMM output).
+// bias fp32 [(Hq + 2 Hkv) * d] or nullptr (added first). RoPE (rotate_half convention of
+// engine/rope.h, angle = float(inv_freq[j] * positions[i]), precise cosf/sinf) on q and k, then:
+//   q_out[i, hq, :]        = bf16(rope(q))
+//   k_pool[slots[i], hk, :] = bf16(rope(k)),  v_pool[slots[i], hk, :] = bf16(v)
+// inv_freq fp32 [d / 2] (device). k_pool / v_pool bf16 [num_slots, Hkv, d] (one layer); slots are
+// checked by the caller.
+void rope_qkv_append(const float* qkv, const float* bias, const int32_t* positions, const int32_t* slots, int n,
+                     int num_q_heads, int num_kv_heads, int head_dim, const float* inv_freq, uint16_t* q_out,
+                     uint16_t* k_pool, uint16_t* v_pool, Stream stream);
+
+// SwiGLU: gate_up bf16 [n, 2 I] (row = [gate | up]) -> out bf16 [n, I] = silu(gate) * up, fp32 math.
+void silu_mul(const uint16_t* gate_up, int n, int64_t inter, uint16_t* out, Stream stream);
+
+// x fp32 [n, dim] += bias fp32 [dim] (broadcast over rows).
+void add_bias(float* x, const float* bias, int n, int64_t dim, Stream stream);
+
+// out bf16 [count] = bf16(x fp32 [count]), round to nearest even.
+void f32_to_bf16(const float* x, int64_t count, uint16_t* out, Stream stream);
+
+// out[i] = argmax_j logits[i, j] (lowest j on exact ties, NaN never wins), logits fp32 [n, vocab].
+void argmax_rows(const float* logits, int n, int64_t vocab, int32_t* out, Stream stream);
+
+// Deterministic pseudo-random bf16 values uniform in [lo, hi): value k depends only on (seed, k)
+// (a counter-based hash), so random weights need no host memory.
+void fill_uniform_bf16(uint16_t* data, int64_t count, float lo, float hi, uint64_t seed, Stream stream);
+
+// Causal prefill attention of n new tokens over a gathered key list (one layer):
+//   key_slots int32 [num_keys]: the cached context's slots, then the n new tokens' slots (their K/V
+//   already written by rope_qkv_append), so query i sees keys [0, num_keys - n + i] (inclusive).
+//   q bf16 [n, Hq, d]; k_pool / v_pool bf16 [num_slots, Hkv, d]; out bf16 [n, Hq, d].
+//   GQA: q head h reads kv head h / (Hq / Hkv). fp32 online softmax, tensor cores where it pays.
+// head_dim 64, 128 or 256. n <= num_keys. sm_scale as given (the caller passes 1/sqrt(d)).
+void prefill_attention(const uint16_t* q, const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* key_slots,
+                       int64_t num_keys, int n, int num_q_heads, int num_kv_heads, int head_dim, float sm_scale,
+                       uint16_t* out, Stream stream);
+
+}  // namespace fasttree::cuda_ops

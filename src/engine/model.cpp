@@ -1,0 +1,19 @@
+#include "engine/model.h"
+
+#include "core/error.h"
+#include "engine/sampler.h"
+
+namespace fasttree {
+
+std::vector<int32_t> DecoderModel::decode_greedy(const DecodeBatch& batch, DecodeAttention attention) {
+  const std::vector<float> logits = decode(batch, attention);
+  const size_t b = batch.tokens.size();
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  FT_CHECK(logits.size() == b * vocab, "decode_greedy: model returned " + std::to_string(logits.size()) +
+                                           " logits for a batch of " + std::to_string(b));
+  std::vector<int32_t> tokens(b);
+  for (size_t i = 0; i < b; ++i) tokens[i] = greedy_token(std::span<const float>(logits).subspan(i * vocab, vocab));
+  return tokens;
+}
+
+}  // namespace fasttree
