@@ -4,12 +4,12 @@
 // Prompts come from --prompt-ids 1,2,3 (one request) or --prompts FILE.jsonl: one request per
 // non-empty line, either a JSON array of token ids or an object {"prompt_ids": [...]} that may
 // override "max_new_tokens", "n", "temperature", "top_p", "top_k" and "seed" for that request.
-// The model is a HF checkpoint folder (--model) or seeded random weights of a preset (--preset).
-// --backend cuda is not available yet (one-line error). Every bad input is a one-line error.
+// The model is a HF checkpoint folder (--model) or seeded random weights of a preset (--preset), on
+// --backend cpu or cuda (engine/model_factory.h).
+// Every bad input is a one-line error.
 #include <algorithm>
 #include <climits>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -20,11 +20,8 @@
 
 #include "apps/commands.h"
 #include "core/error.h"
-#include "engine/cpu_model.h"
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "engine/model_factory.h"
 #include "engine/scheduler.h"
-#include "engine/weights.h"
 
 namespace fasttree {
 
@@ -154,7 +151,6 @@ std::vector<SourcedRequest> read_prompts_file(const GenerateCmd& c) {
 
 void run_generate(GenerateCmd& c) {
   FT_CHECK(c.backend == "cpu" || c.backend == "cuda", "--backend must be cpu or cuda");
-  FT_CHECK(c.backend == "cpu", "--backend cuda: the CUDA engine backend is not available yet (use --backend cpu)");
   FT_CHECK(c.model_dir.empty() != c.preset.empty(), "give exactly one of --model DIR and --preset NAME");
   FT_CHECK(c.prompt_ids.empty() != c.prompts_file.empty(), "give exactly one of --prompt-ids and --prompts FILE.jsonl");
 
@@ -167,17 +163,6 @@ void run_generate(GenerateCmd& c) {
     requests = read_prompts_file(c);
   }
 
-  ModelWeights weights;
-  if (!c.model_dir.empty()) {
-    std::error_code ec;
-    FT_CHECK(std::filesystem::is_directory(c.model_dir, ec), "--model " + c.model_dir + ": no such folder");
-    const ModelConfig config = load_model_config(c.model_dir);
-    const SafetensorsFolder folder(c.model_dir);
-    weights = load_weights(folder, config, c.threads);
-  } else {
-    weights = random_weights(model_preset(c.preset), c.weights_seed);
-  }
-
   int64_t slots = c.kv_slots;
   if (slots == 0) {  // room for every request at once
     for (const auto& r : requests)
@@ -186,14 +171,19 @@ void run_generate(GenerateCmd& c) {
     slots = std::max<int64_t>(slots, 1);
   }
   FT_CHECK(slots > 0 && slots <= INT32_MAX, "--kv-slots must be in [1, 2^31), got " + std::to_string(slots));
-  CpuModelOptions mo;
-  mo.num_threads = c.threads;
-  CpuModel model(std::move(weights), static_cast<int32_t>(slots), mo);
+  ModelSpec spec;
+  spec.model_dir = c.model_dir;
+  spec.preset = c.preset;
+  spec.weights_seed = c.weights_seed;
+  spec.backend = c.backend;
+  spec.kv_slots = slots;
+  spec.threads = c.threads;
+  const std::unique_ptr<DecoderModel> model = make_model(spec);
   SchedulerOptions so;
   so.max_running = c.max_running;
   so.sharing = c.attention == "per-request" ? PathSharing::kPerRequest : PathSharing::kShared;
-  so.planner = mo.planner;
-  Scheduler scheduler(model, so);
+  so.planner = spec.planner;
+  Scheduler scheduler(*model, so);
   for (auto& r : requests) {
     try {
       scheduler.submit(r.request);
