@@ -12,7 +12,7 @@ BUILD=${1:-build-cuda}
 TESTS="$BUILD/fasttree_tests"
 LOGS=${OUT:-gpu_check_logs}
 mkdir -p "$LOGS"
-SMALL='CudaAttention.SanitizerSmall:CudaAttention.EmptyPathsAndEmptyPlan'
+SMALL='CudaAttention.SanitizerSmall:CudaAttention.EmptyPathsAndEmptyPlan:CudaEngineOps.*Small*'
 SUMMARY=()
 status=0
 hung=0

@@ -11,6 +11,7 @@ void register_gen_tree_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_calibrate_command(CLI::App& app);
 void register_generate_command(CLI::App& app);
+void register_bench_e2e_command(CLI::App& app);
 
 inline void register_commands(CLI::App& app) {
   register_plan_command(app);
@@ -19,6 +20,7 @@ inline void register_commands(CLI::App& app) {
   register_bench_command(app);
   register_calibrate_command(app);
   register_generate_command(app);
+  register_bench_e2e_command(app);
 }
 
 }  // namespace fasttree

@@ -69,3 +69,16 @@ void prefill_attention(const uint16_t* q, const uint16_t* k_pool, const uint16_t
                        uint16_t* out, Stream stream);
 
 }  // namespace fasttree::cuda_ops
+
+namespace fasttree::cuda_ops {
+
+// Added by the kernels' author (engine_ops_check.cpp):
+// - argmax_rows writes 0 for a row whose values are all NaN.
+// - prefill_attention_simple: same contract as prefill_attention, computed by a plain fp32 kernel
+//   (one warp per (query, head), no tensor cores; ~10x slower). The fallback when the tensor-core
+//   kernel is suspected, and a second opinion in tests. head_dim a multiple of 32, at most 256.
+void prefill_attention_simple(const uint16_t* q, const uint16_t* k_pool, const uint16_t* v_pool,
+                              const int32_t* key_slots, int64_t num_keys, int n, int num_q_heads, int num_kv_heads,
+                              int head_dim, float sm_scale, uint16_t* out, Stream stream);
+
+}  // namespace fasttree::cuda_ops

@@ -109,12 +109,14 @@ std::vector<float> CpuModel::forward(std::span<const int32_t> tokens, std::span<
     }
     attend(l, q, attn);
     linear(attn, n, lw.wo, h, qd, lw.bo, proj, threads);
+    if (row_parallel_hook_) row_parallel_hook_(proj);
     add_inplace(x, proj);
     rms_norm(x, lw.post_norm, eps, xn);
     linear(xn, n, lw.w_gate, inter, h, {}, gate, threads);
     linear(xn, n, lw.w_up, inter, h, {}, up, threads);
     silu_mul(gate, up);
     linear(gate, n, lw.w_down, h, inter, {}, proj, threads);
+    if (row_parallel_hook_) row_parallel_hook_(proj);
     add_inplace(x, proj);
   }
   const int64_t rows = n - first_logit_row;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/kv_tree.h"
@@ -65,6 +66,13 @@ class CpuModel final : public DecoderModel {
   std::span<const float> k_cache(int layer) const;
   std::span<const float> v_cache(int layer) const;
 
+  // Called with the output y [n, h] of every row-parallel GEMM (each layer's o_proj, then its
+  // down_proj) before the residual add; it may change y in place. Tensor parallelism
+  // (engine/tp_cpu_model.h) runs one CpuModel per rank on its weight shard and all-reduces the
+  // ranks' partial sums here. Empty (the default): the unsharded model.
+  using RowParallelHook = std::function<void(std::span<float> y)>;
+  void set_row_parallel_hook(RowParallelHook hook) { row_parallel_hook_ = std::move(hook); }
+
  private:
   // Attention of one layer: q [n, Hq, d] -> out [n, Hq, d], with K/V of the layer's pool.
   using AttendFn = std::function<void(int layer, std::span<const float> q, std::span<float> out)>;
@@ -82,6 +90,7 @@ class CpuModel final : public DecoderModel {
   Planner planner_;
   Plan plan_;
   CpuWorkspace workspace_;
+  RowParallelHook row_parallel_hook_;
 };
 
 }  // namespace fasttree

@@ -3,23 +3,45 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "cuda/backend.h"
 #include "engine/cpu_model.h"
+#include "engine/gpu_model.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
 
 namespace fasttree {
 
+namespace {
+
+std::unique_ptr<DecoderModel> make_gpu_model(const ModelSpec& spec) {
+  FT_CHECK(cuda_backend_built(), "--backend cuda: this binary was built without the CUDA backend (no nvcc)");
+  FT_CHECK(cuda_device_count() > 0, "--backend cuda: no CUDA device is present");
+  GpuModelOptions options;
+  options.planner = spec.planner;
+  const auto slots = static_cast<int32_t>(spec.kv_slots);
+  if (!spec.model_dir.empty()) {
+    const ModelConfig config = load_model_config(spec.model_dir);
+    const SafetensorsFolder folder(spec.model_dir);
+    return std::make_unique<GpuModel>(folder, config, slots, options);
+  }
+  return std::make_unique<GpuModel>(model_preset(spec.preset), spec.weights_seed, slots, options);
+}
+
+}  // namespace
+
 std::unique_ptr<DecoderModel> make_model(const ModelSpec& spec) {
   FT_CHECK(spec.backend == "cpu" || spec.backend == "cuda", "--backend must be cpu or cuda, got '" + spec.backend + "'");
   FT_CHECK(spec.model_dir.empty() != spec.preset.empty(), "give exactly one of --model DIR and --preset NAME");
   FT_CHECK(spec.kv_slots > 0 && spec.kv_slots <= INT32_MAX,
            "KV pool size must be in [1, 2^31) tokens, got " + std::to_string(spec.kv_slots));
-  FT_CHECK(spec.backend == "cpu", "--backend cuda: the CUDA engine backend is not available yet (use --backend cpu)");
-  ModelWeights weights;
   if (!spec.model_dir.empty()) {
     std::error_code ec;
     FT_CHECK(std::filesystem::is_directory(spec.model_dir, ec), "--model " + spec.model_dir + ": no such folder");
+  }
+  if (spec.backend == "cuda") return make_gpu_model(spec);
+  ModelWeights weights;
+  if (!spec.model_dir.empty()) {
     const ModelConfig config = load_model_config(spec.model_dir);
     const SafetensorsFolder folder(spec.model_dir);
     weights = load_weights(folder, config, spec.threads);

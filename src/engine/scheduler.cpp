@@ -148,7 +148,10 @@ bool Scheduler::admit(Group& group) {
 }
 
 void Scheduler::sample_into(Sequence& seq, std::span<const float> logits) {
-  seq.group->result.samples[static_cast<size_t>(seq.sample)].push_back(seq.sampler->sample(logits));
+  auto& out = seq.group->result.samples[static_cast<size_t>(seq.sample)];
+  if (options_.on_token_logits)
+    options_.on_token_logits({seq.group->id, seq.sample, static_cast<int64_t>(out.size()), logits});
+  out.push_back(seq.sampler->sample(logits));
   ++stats_.generated_tokens;
 }
 
@@ -242,8 +245,9 @@ void Scheduler::decode_step() {
   const auto plan_t1 = std::chrono::steady_clock::now();
   stats_.plan_ms += std::chrono::duration<double, std::milli>(plan_t1 - plan_t0).count();
   DecodeBatch batch{step_tokens_, step_positions_, step_slots_, &tree_, fasttree ? &plan_ : nullptr};
-  // All greedy: the model picks the tokens (on the device for the GPU model), no logits cross over.
-  const bool all_greedy = std::all_of(running_.begin(), running_.end(), [](const auto& s) {
+  // All greedy: the model picks the tokens (on the device for the GPU model), no logits cross over
+  // (unless a logits observer wants them).
+  const bool all_greedy = !options_.on_token_logits && std::all_of(running_.begin(), running_.end(), [](const auto& s) {
     return s->sampler->params().temperature == 0.0f;
   });
   std::vector<float> logits;

@@ -31,7 +31,9 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/kv_tree.h"
@@ -60,6 +62,14 @@ struct GenerationResult {
   int64_t cached_tokens = 0;                   // prompt tokens reused from the prefix cache
 };
 
+// What SchedulerOptions::on_token_logits sees: the logits a sample's next token is chosen from.
+struct TokenLogits {
+  int64_t request_id = -1;         // submit() order
+  int sample = 0;                  // sample index within the request
+  int64_t index = 0;               // index of the token about to be chosen in the sample's output
+  std::span<const float> logits;   // [vocab]; valid during the call only
+};
+
 struct SchedulerOptions {
   int max_running = 256;                                // sequences decoded together at most
   DecodeAttention attention = DecodeAttention::kFastTree;
@@ -67,6 +77,11 @@ struct SchedulerOptions {
   PlannerConfig planner;
   bool cache_generated = true;  // finished sequences' tokens stay in the prefix cache
   bool extend_plans = true;     // false: rebuild the tree and re-plan every decode step
+  // Optional observer of the logits behind every generated token (the prefill's last row for a
+  // sample's first token, its decode row for the others), called before the token is chosen. When
+  // set, decode steps always take logits (model.decode) instead of the model's greedy path. For
+  // tolerance checks (`fasttree bench-e2e --check-steps`); leave empty when measuring speed.
+  std::function<void(const TokenLogits&)> on_token_logits;
 };
 
 struct SchedulerStats {
