@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The engine's GPU work in one device call (run there from the repo root, with build-gpu carried):
+#   bash scripts/gpu_e2e.sh BUILD_DIR COMMIT STEPS
+# STEPS: comma list of
+#   tests     engine GPU tests (kernels, GPU model vs transformers golden data and the CPU model, CLI)
+#   sanitize  compute-sanitizer memcheck + racecheck on the small engine-kernel tests
+#   smoke     llama2-7b workload D, both attentions, 32 new tokens (timing preview)
+#   llama2, mistral   the full workloads A-D, both attentions, agreement check on 16 steps -> CSV
+# Logs and CSVs land in $OUT (default ./out).
+set -uo pipefail
+B=${1:-build-gpu}
+COMMIT=${2:-unknown}
+STEPS=${3:-tests,sanitize,smoke}
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+status=0
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+run() {  # run NAME TIMEOUT CMD...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  echo "=== $name rc=$rc $((SECONDS - t0))s"
+  [ "$rc" -ne 0 ] && status=1
+}
+if has tests; then
+  run tests 300 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*:Gpu*:CliBenchE2e.Gpu*:CudaAttention.SanitizerSmall'
+fi
+if has sanitize; then
+  run memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*Small*:GpuVsCpu.TreeDecodeBatchesMatchCpu'
+  run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.PrefillAttentionSmall'
+fi
+if has smoke; then
+  run smoke 300 "$B/fasttree" bench-e2e --backend cuda --preset llama2-7b --workload D --attention both \
+    --max-new-tokens 32 --warmup-tokens 2 --no-progress --csv "$OUT/smoke.csv" --commit "$COMMIT"
+fi
+for p in llama2 mistral; do
+  if has "$p"; then
+    preset=llama2-7b; [ "$p" = mistral ] && preset=mistral-7b
+    run "e2e-$preset" 560 "$B/fasttree" bench-e2e --backend cuda --preset "$preset" --workload A,B,C,D --attention both \
+      --check-steps 16 --no-progress --csv "$OUT/e2e-$preset.csv" --commit "$COMMIT"
+  fi
+done
+exit $status
