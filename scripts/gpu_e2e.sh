@@ -14,6 +14,7 @@ STEPS=${3:-tests,sanitize,smoke}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
+export FASTTREE_CLI=$(cd "$B" && pwd)/fasttree
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 status=0

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "cli_path.h"
 #include "core/npy.h"
 #include "core/tree_io.h"
 #include "cpu/reference.h"
@@ -37,7 +38,7 @@ class Cli : public ::testing::Test {
   void write(const std::string& name, const std::string& text) const { std::ofstream(path(name), std::ios::binary) << text; }
 
   RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && " + FASTTREE_CLI_PATH + " " + args + " >stdout.txt 2>stderr.txt";
+    const std::string cmd = "cd '" + dir_.string() + "' && " + cli_path() + " " + args + " >stdout.txt 2>stderr.txt";
     const int status = std::system(cmd.c_str());
     RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
     return r;

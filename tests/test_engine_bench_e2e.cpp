@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_path.h"
 #include "engine/cpu_model.h"
 #include "engine/model_config.h"
 #include "engine/sampler.h"
@@ -56,7 +57,7 @@ class CliBenchE2e : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(f), {});
   }
   RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && timeout 120 " + FASTTREE_CLI_PATH +
+    const std::string cmd = "cd '" + dir_.string() + "' && timeout 120 " + cli_path() +
                             " bench-e2e --threads 2 " + args +
                             " >stdout.txt 2>stderr.txt";
     const int status = std::system(cmd.c_str());

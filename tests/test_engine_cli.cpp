@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_path.h"
 #include "cuda/backend.h"
 #include "engine/cpu_model.h"
 #include "engine/scheduler.h"
@@ -47,7 +48,7 @@ class CliGenerate : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(f), {});
   }
   RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && " + FASTTREE_CLI_PATH + " generate --threads 2 " + args +
+    const std::string cmd = "cd '" + dir_.string() + "' && " + cli_path() + " generate --threads 2 " + args +
                             " >stdout.txt 2>stderr.txt";
     const int status = std::system(cmd.c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
