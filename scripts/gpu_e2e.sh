@@ -6,6 +6,7 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on the small engine-kernel tests
 #   smoke     llama2-7b workload D, both attentions, 32 new tokens (timing preview)
 #   llama2, mistral   the full workloads A-D, both attentions, agreement check on 16 steps -> CSV
+#   unprofiled        llama2-7b workload D, both attentions, no profiling events at all (step time)
 # Logs and CSVs land in $OUT (default ./out).
 set -uo pipefail
 B=${1:-build-gpu}
@@ -47,4 +48,8 @@ for p in llama2 mistral; do
       --check-steps 16 --no-progress --csv "$OUT/e2e-$preset.csv" --commit "$COMMIT"
   fi
 done
+if has unprofiled; then
+  run unprofiled 300 "$B/fasttree" bench-e2e --backend cuda --preset llama2-7b --workload D --attention both \
+    --profile-every 0 --no-progress --csv "$OUT/e2e-unprofiled.csv" --commit "$COMMIT"
+fi
 exit $status

@@ -57,6 +57,7 @@ struct BenchE2eCmd {
   uint64_t weights_seed = 0;
   int max_running = 256;
   int64_t kv_slots = 0;
+  int tp = 1;
   int threads = 0;
   std::string csv;
   std::string commit;
@@ -200,6 +201,7 @@ void run_bench_e2e(BenchE2eCmd& c) {
     ms.backend = c.backend;
     ms.kv_slots = slots;
     ms.threads = c.threads;
+    ms.tp = c.tp;
     ms.planner = planner;
     const std::unique_ptr<DecoderModel> model = make_model(ms);
     SchedulerOptions base;
@@ -233,6 +235,7 @@ void run_bench_e2e(BenchE2eCmd& c) {
         rec.scale = scale;
         rec.length_scale = length_scale;
         rec.kv_slots = slots;
+        rec.tp = c.tp;
         rec.profile_every = c.profile_every;
         rec.commit = c.commit;
         if (c.warmup_tokens > 0) {  // unmeasured: first launches, cuBLAS/graph setup, the batch's shapes
@@ -281,6 +284,9 @@ void register_bench_e2e_command(CLI::App& app) {
   cmd->add_option("--seed", c->seed, "Seed of the workloads' synthetic token ids")->capture_default_str();
   cmd->add_option("--max-running", c->max_running, "Sequences decoded together at most")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--kv-slots", c->kv_slots, "KV pool size in tokens (default: the largest workload at once)");
+  cmd->add_option("--tp", c->tp, "Tensor-parallel ranks: cuda = GPUs 0..N-1 through NCCL (cpu: TpCpuModel)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_option("--threads", c->threads, "CPU threads of the cpu backend (0 = all)")->check(CLI::Range(0, 4096))->capture_default_str();
   cmd->add_option("--csv", c->csv, "Append one row per run to this CSV file (header when new)");
   cmd->add_option("--commit", c->commit, "Commit recorded in the CSV (default: git rev-parse --short HEAD, or unknown)");

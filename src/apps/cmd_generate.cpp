@@ -5,7 +5,7 @@
 // non-empty line, either a JSON array of token ids or an object {"prompt_ids": [...]} that may
 // override "max_new_tokens", "n", "temperature", "top_p", "top_k" and "seed" for that request.
 // The model is a HF checkpoint folder (--model) or seeded random weights of a preset (--preset), on
-// --backend cpu or cuda (engine/model_factory.h).
+// --backend cpu or cuda (engine/model_factory.h); --tp N splits the model over N GPUs (or N CPU ranks).
 // Every bad input is a one-line error.
 #include <algorithm>
 #include <climits>
@@ -45,6 +45,7 @@ struct GenerateCmd {
   int64_t kv_slots = 0;
   int max_running = 256;
   int threads = 0;
+  int tp = 1;
   bool stats = false;
 };
 
@@ -178,6 +179,7 @@ void run_generate(GenerateCmd& c) {
   spec.backend = c.backend;
   spec.kv_slots = slots;
   spec.threads = c.threads;
+  spec.tp = c.tp;
   const std::unique_ptr<DecoderModel> model = make_model(spec);
   SchedulerOptions so;
   so.max_running = c.max_running;
@@ -244,6 +246,9 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--kv-slots", c->kv_slots, "KV pool size in tokens (default: every request at once)");
   cmd->add_option("--max-running", c->max_running, "Sequences decoded together at most")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--threads", c->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096))->capture_default_str();
+  cmd->add_option("--tp", c->tp, "Tensor-parallel ranks: cuda = GPUs 0..N-1 (NCCL), cpu = threads groups")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_flag("--stats", c->stats, "Print scheduler statistics as one JSON line on stderr");
   cmd->callback([c] { run_generate(*c); });
 }

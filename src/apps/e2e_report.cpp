@@ -53,6 +53,8 @@ const std::vector<Field>& fields() {
       {"kv_slots", [](const E2eRecord& r) { return std::to_string(r.kv_slots); }},
       {"profile_every", [](const E2eRecord& r) { return std::to_string(r.profile_every); }},
       {"commit", [](const E2eRecord& r) { return r.commit; }},
+      {"tp", [](const E2eRecord& r) { return std::to_string(r.tp); }},
+      {"comm_ms", [](const E2eRecord& r) { return profiled(r, r.m.comm_ms); }},
   };
   return f;
 }
@@ -140,6 +142,11 @@ nlohmann::ordered_json e2e_json(const E2eRecord& r) {
   j["length_scale"] = r.length_scale;
   j["kv_slots"] = r.kv_slots;
   j["commit"] = r.commit;
+  j["tp"] = r.tp;
+  if (r.m.profiled_steps > 0) {
+    j["comm_ms"] = r.m.comm_ms;
+    j["comm_share"] = r.m.decode_step_ms > 0 ? r.m.comm_ms / r.m.decode_step_ms : 0.0;
+  }
   return j;
 }
 
@@ -153,6 +160,11 @@ std::string e2e_table(const std::vector<E2eRecord>& rows) {
                      r.workload, r.preset, r.attention, r.m.requests, r.m.generated_tokens, r.m.seconds, r.m.tokens_per_s,
                      r.m.mean_batch, r.m.decode_step_ms, opt(r, r.m.attention_ms), opt(r, r.m.gemm_ms), opt(r, r.m.rest_ms()),
                      r.m.plan_ms_per_step, 100.0 * r.m.plan_share(), r.m.cache_hit_rate, r.m.floor_step_ms, r.m.step_vs_floor());
+  for (const E2eRecord& r : rows)
+    if (r.tp > 1 && r.m.profiled_steps > 0)
+      t += fmt::format("all-reduce {} {} {} tp {}: {:.3f} ms of a {:.3f} ms step ({:.1f}%)\n", r.workload, r.preset,
+                       r.attention, r.tp, r.m.comm_ms, r.m.decode_step_ms,
+                       r.m.decode_step_ms > 0 ? 100.0 * r.m.comm_ms / r.m.decode_step_ms : 0.0);
   for (const E2eRecord& a : rows) {
     if (a.attention != "fasttree") continue;
     for (const E2eRecord& b : rows)

@@ -17,6 +17,7 @@ struct E2eRecord {
   int64_t kv_slots = 0;
   int profile_every = 0;
   std::string commit;
+  int tp = 1;  // tensor-parallel ranks
   E2eMeasurement m;
 };
 
@@ -24,7 +25,9 @@ struct E2eRecord {
 // seconds,tokens_per_s,decode_steps,mean_batch,max_batch,decode_step_ms,attention_ms,gemm_ms,
 // other_ms,rest_ms,profiled_steps,plan_ms_per_step,plan_share,prefill_s,prefill_tokens,
 // cache_hit_rate,unique_kv_tokens,floor_step_ms,step_vs_floor,max_new_tokens,scale,length_scale,
-// kv_slots,profile_every,commit. attention/gemm/other/rest are empty when no step was profiled.
+// kv_slots,profile_every,commit,tp,comm_ms (tp and comm_ms appended last so readers of the older
+// columns stay valid; comm_ms: the tensor-parallel all-reduces of rank 0 per profiled step, inside
+// rest_ms). attention/gemm/other/rest/comm are empty when no step was profiled.
 std::vector<std::string> e2e_csv_columns();
 std::string e2e_csv_header();  // the columns joined by ',' (no newline)
 std::string e2e_csv_row(const E2eRecord& r);

@@ -72,7 +72,7 @@ E2eMeasurement run_e2e(DecoderModel& model, const std::vector<GenerationRequest>
   model.reset_times();
 
   double step_ms_sum = 0, floor_ms_sum = 0, unique_sum = 0;
-  double attention = 0, gemm = 0, other = 0;
+  double attention = 0, gemm = 0, other = 0, comm = 0;
   int64_t unique = 0, last_batch = 0;
   while (!scheduler.idle()) {
     const SchedulerStats before = scheduler.stats();
@@ -96,6 +96,7 @@ E2eMeasurement run_e2e(DecoderModel& model, const std::vector<GenerationRequest>
         attention += t_after.attention_ms - t_before.attention_ms;
         gemm += t_after.gemm_ms - t_before.gemm_ms;
         other += t_after.other_ms - t_before.other_ms;
+        comm += t_after.comm_ms - t_before.comm_ms;
       }
     }
     if (after.decode_steps > before.decode_steps) {
@@ -134,6 +135,7 @@ E2eMeasurement run_e2e(DecoderModel& model, const std::vector<GenerationRequest>
     m.attention_ms = attention / p;
     m.gemm_ms = gemm / p;
     m.other_ms = other / p;
+    m.comm_ms = comm / p;
   }
   return m;
 }

@@ -40,6 +40,7 @@ struct E2eMeasurement {
   double decode_step_ms = 0;    // mean step time without prefill
   int64_t profiled_steps = 0;   // decode steps with device timings
   double attention_ms = 0, gemm_ms = 0, other_ms = 0;  // mean per profiled step
+  double comm_ms = 0;           // tensor-parallel all-reduces (DecodeTimes::comm_ms), mean per profiled step
   double plan_ms_per_step = 0;
   double prefill_s = 0;
   int64_t prefill_tokens = 0;

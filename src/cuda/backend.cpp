@@ -156,6 +156,13 @@ int cuda_device_count() {
   return n;
 }
 
+void cuda_set_device(int device) {
+  const int n = cuda_device_count();
+  FT_CHECK(device >= 0 && device < n, "CUDA device " + std::to_string(device) + " is missing (" + std::to_string(n) +
+                                          " visible)");
+  FT_CUDA_CHECK(cudaSetDevice(device));
+}
+
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                     std::span<const float> q, std::span<const float> k, std::span<const float> v, float sm_scale,
                     std::span<float> out, std::span<float> lse, const CudaRunOptions& options) {

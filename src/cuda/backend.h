@@ -15,6 +15,9 @@ enum class KvDType { kF16, kBF16 };
 bool cuda_backend_built();
 // Number of usable CUDA devices; 0 when none is present or the backend was not built.
 int cuda_device_count();
+// Makes `device` current on the calling thread (cudaSetDevice); throws fasttree::Error naming the
+// device and the count when it is missing, or when the backend was not built.
+void cuda_set_device(int device);
 
 // Runs the plan on the GPU. Inputs are host fp32 arrays converted to `dtype` for the device;
 // shapes as in core/attention_shape.h (out fp32 [Q, Hq, d], lse fp32 [Q, Hq] or empty). Throws

@@ -116,6 +116,12 @@ void copy_on_device(void* dst, const void* src, size_t bytes, CUstream_st* strea
   if (bytes > 0) FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
+void copy_on_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                       CUstream_st* stream) {
+  if (width > 0 && height > 0)
+    FT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, stream));
+}
+
 void memset_device(void* dst, int value, size_t bytes, CUstream_st* stream) {
   if (bytes > 0) FT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream));
 }

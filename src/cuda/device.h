@@ -93,6 +93,9 @@ class CudaStream {
 void copy_to_device(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 void copy_to_host(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 void copy_on_device(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+// `height` rows of `width` bytes, from rows `src_pitch` bytes apart to rows `dst_pitch` apart (cudaMemcpy2DAsync).
+void copy_on_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                       CUstream_st* stream);
 void memset_device(void* dst, int value, size_t bytes, CUstream_st* stream);
 // `height` rows of `width` bytes each, rows `pitch` bytes apart (cudaMemset2DAsync).
 void memset_device_2d(void* dst, size_t pitch, int value, size_t width, size_t height, CUstream_st* stream);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "cuda/cuda_check.h"
@@ -79,6 +80,9 @@ struct NcclComm::Impl {
   int device = -1;
   std::chrono::milliseconds timeout{kNcclDefaultTimeout};
   std::atomic<bool> aborted{false};
+  std::atomic<bool> abort_requested{false};
+  std::mutex reason_mu;
+  std::string abort_reason;  // of the first request_abort
   bool finalizing = false;
 
   std::string who() const {
@@ -94,8 +98,19 @@ struct NcclComm::Impl {
     abort();
     FT_FAIL(who() + ": " + what + "; communicator aborted");
   }
-  void check_usable(const char* op) const {
+  void check_usable(const char* op) {
     FT_CHECK(!aborted.load() && comm != nullptr, who() + ": " + op + " on an aborted communicator");
+    check_requested();
+  }
+  // A peer asked this rank to stop (request_abort): abort here, on the owning thread, and throw.
+  void check_requested() {
+    if (!abort_requested.load()) return;
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(reason_mu);
+      reason = abort_reason;
+    }
+    fail("stopped because " + reason);
   }
   // Waits for initialisation to finish; aborts and throws on failure or timeout.
   void finish_init(Clock::time_point deadline) {
@@ -110,7 +125,11 @@ struct NcclComm::Impl {
     FT_CHECK(data != nullptr, who() + ": all_reduce of " + str(static_cast<int64_t>(count)) + " elements at nullptr");
     ncclResult_t r = ncclAllReduce(data, data, count, type, ncclSum, comm, stream);
     if (r == ncclInProgress) {
-      r = poll_state(comm, Clock::now() + timeout);
+      const auto deadline = Clock::now() + timeout;
+      do {
+        check_requested();
+        r = poll_state(comm, std::min(deadline, Clock::now() + std::chrono::milliseconds(5)));
+      } while (r == ncclInProgress && Clock::now() <= deadline);
       if (r == ncclInProgress) fail("enqueueing an all-reduce did not finish within " + str(timeout.count()) + " ms");
     }
     if (r != ncclSuccess) fail("ncclAllReduce failed: " + describe(r, comm));
@@ -257,6 +276,14 @@ int NcclComm::size() const { return impl_->size; }
 int NcclComm::device() const { return impl_->device; }
 bool NcclComm::aborted() const { return impl_->aborted.load(); }
 void NcclComm::abort() noexcept { impl_->abort(); }
+void NcclComm::request_abort(const std::string& reason) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(impl_->reason_mu);
+    if (impl_->abort_reason.empty()) impl_->abort_reason = reason;
+  } catch (...) {
+  }
+  impl_->abort_requested.store(true);
+}
 
 void NcclComm::all_reduce_sum_bf16(void* data, size_t count, CUstream_st* stream) {
   impl_->all_reduce(data, count, ncclBfloat16, stream);
@@ -277,6 +304,7 @@ void NcclComm::wait(CUstream_st* stream, std::chrono::milliseconds timeout) {
     if (q != cudaErrorNotReady)
       c.fail(std::string("the stream failed: ") + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
     ncclResult_t state = ncclSuccess;
+    c.check_requested();
     const ncclResult_t r = ncclCommGetAsyncError(c.comm, &state);
     if (r != ncclSuccess) c.fail("ncclCommGetAsyncError failed: " + describe(r, c.comm));
     if (state != ncclSuccess && state != ncclInProgress) c.fail("asynchronous NCCL error: " + describe(state, c.comm));
@@ -313,6 +341,7 @@ int NcclComm::size() const { not_available(); }
 int NcclComm::device() const { not_available(); }
 bool NcclComm::aborted() const { not_available(); }
 void NcclComm::abort() noexcept {}
+void NcclComm::request_abort(const std::string&) noexcept {}
 void NcclComm::all_reduce_sum_bf16(void*, size_t, CUstream_st*) { not_available(); }
 void NcclComm::all_reduce_sum_fp32(float*, size_t, CUstream_st*) { not_available(); }
 void NcclComm::wait(CUstream_st*, std::chrono::milliseconds) { not_available(); }

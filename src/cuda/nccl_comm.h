@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 struct CUstream_st;
@@ -73,7 +74,12 @@ class NcclComm {
   // Waits for `stream` (see above); throws after aborting on error or timeout.
   void wait(CUstream_st* stream, std::chrono::milliseconds timeout = kNcclDefaultTimeout);
   // Aborts the communicator (idempotent, never throws): pending and future collectives fail.
+  // Call it from the thread that uses the communicator (NCCL calls on one comm are not thread-safe).
   void abort() noexcept;
+  // Thread-safe request from ANOTHER thread (a peer rank that failed): the owning thread's next or
+  // current wait() / all-reduce enqueue / collective call fails at once, aborting the communicator
+  // there, with an Error naming `reason` (kept from the first request).
+  void request_abort(const std::string& reason) noexcept;
   bool aborted() const;
 
  private:

@@ -13,6 +13,7 @@
 #include "cuda/gemm.h"
 #include "engine/gpu_weights.h"
 #include "engine/rope.h"
+#include "engine/tp_shard.h"
 #include "plan/plan_validate.h"
 
 namespace fasttree {
@@ -22,7 +23,7 @@ namespace {
 std::string num(int64_t v) { return std::to_string(v); }
 std::string gib(double bytes) { return std::to_string(bytes / double(1 << 30)).substr(0, 6) + " GiB"; }
 
-enum Phase { kAttention, kGemm, kOther, kNumPhases };
+enum Phase { kAttention, kGemm, kOther, kComm, kNumPhases };
 
 using Loader = std::function<GpuWeights(CUstream_st*)>;
 
@@ -33,6 +34,10 @@ bool check_args(int32_t num_slots, const GpuModelOptions& o) {
   FT_CHECK(o.prefill_chunk > 0, "GPU model: prefill_chunk must be positive, got " + num(o.prefill_chunk));
   FT_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 1,
            "GPU model: kv_memory_fraction must be in (0, 1], got " + std::to_string(o.kv_memory_fraction));
+  FT_CHECK(o.tp_size >= 1 && o.tp_rank >= 0 && o.tp_rank < o.tp_size,
+           "GPU model: tensor-parallel rank " + num(o.tp_rank) + " outside [0, " + num(o.tp_size) + ")");
+  FT_CHECK(o.tp_size == 1 || o.tp.all_reduce, "GPU model: tp_size > 1 needs an all-reduce hook");
+  if (o.device >= 0) cuda_set_device(o.device);  // before the stream and every allocation
   return true;
 }
 
@@ -62,6 +67,7 @@ struct GpuModel::Impl {
   std::vector<int32_t> scratch;  // duplicate-slot checks
 
   PhaseTimer timer{kNumPhases};
+  int64_t reduce_index = 0;  // all-reduces of the current call (GpuTpHooks::before_all_reduce)
   bool profiling = false;
   bool marking = false;  // this call records phase events
   DecodeTimes times;
@@ -125,6 +131,24 @@ struct GpuModel::Impl {
     if (marking) timer.mark(phase, s());
   }
 
+  // Tensor parallelism: sums rows [0, m) of delta over the ranks (no-op on one GPU).
+  void all_reduce_delta(int m) {
+    if (!options.tp.all_reduce) return;
+    if (options.tp.before_all_reduce) options.tp.before_all_reduce(reduce_index);
+    ++reduce_index;
+    options.tp.all_reduce(delta.as<float>(), static_cast<size_t>(m) * static_cast<size_t>(config.hidden_size), s());
+    mark(kComm);
+  }
+
+  // Waits for the stream through the TP hook (timeout, peer failures) before anything blocking.
+  void wait_device() {
+    if (options.tp.wait) options.tp.wait(s());
+  }
+  void sync() {
+    wait_device();
+    stream.synchronize();
+  }
+
   // Grows the activation buffers to `rows` rows and the logits to `lm_rows` rows.
   void ensure_rows(int64_t rows, int64_t lm_rows) {
     const ModelConfig& c = config;
@@ -184,10 +208,11 @@ struct GpuModel::Impl {
       attend(l);
       gemm.linear(attn.as<uint16_t>(), w.w_o, m, h, qd(), delta.as<float>());
       mark(kGemm);
-      if (w.b_o != nullptr) {
+      if (w.b_o != nullptr) {  // tensor parallelism: rank 0's bias only (zeros elsewhere), before the sum
         cuda_ops::add_bias(delta.as<float>(), w.b_o, m, h, s());
         mark(kOther);
       }
+      all_reduce_delta(m);
       cuda_ops::add_rms_norm(resid.as<float>(), delta.as<float>(), w.post_norm, eps, m, h, x.as<uint16_t>(), s());
       mark(kOther);
       gemm.linear(x.as<uint16_t>(), w.w_gate_up, m, 2 * inter, h, gate_up.as<uint16_t>());
@@ -196,6 +221,7 @@ struct GpuModel::Impl {
       mark(kOther);
       gemm.linear(act.as<uint16_t>(), w.w_down, m, h, inter, delta.as<float>());
       mark(kGemm);
+      all_reduce_delta(m);
     }
   }
 
@@ -225,6 +251,7 @@ struct GpuModel::Impl {
       return f();
     } catch (...) {
       marking = false;
+      if (options.tp.on_error) options.tp.on_error();  // stops pending collectives first
       try {
         stream.synchronize();
       } catch (...) {
@@ -302,6 +329,7 @@ struct GpuModel::Impl {
       validate_plan(*p, tree);
     }
     ensure_rows(b, b);
+    reduce_index = 0;
     marking = profiling;
     if (marking) timer.begin(s());
     attention->upload(*p, tree, s(), num_slots);
@@ -319,13 +347,14 @@ struct GpuModel::Impl {
   }
 
   void finish_decode(std::chrono::steady_clock::time_point t0) {
-    stream.synchronize();
+    sync();
     if (marking) {
       double ms[kNumPhases] = {};
       timer.collect(ms);
       times.attention_ms += ms[kAttention];
       times.gemm_ms += ms[kGemm];
       times.other_ms += ms[kOther];
+      times.comm_ms += ms[kComm];
     }
     marking = false;
     ++times.steps;
@@ -334,17 +363,28 @@ struct GpuModel::Impl {
 };
 
 GpuModel::GpuModel(const ModelWeights& weights, int32_t num_slots, GpuModelOptions options)
-    : impl_(std::make_unique<Impl>([&](CUstream_st* s) { return upload_gpu_weights(weights, s); }, num_slots,
-                                   options)) {}
+    : impl_(std::make_unique<Impl>(
+          [&](CUstream_st* s) {
+            if (options.tp_size == 1) return upload_gpu_weights(weights, s);
+            return upload_gpu_weights(shard_weights(weights, options.tp_rank, options.tp_size), s);
+          },
+          num_slots, options)) {}
 
 GpuModel::GpuModel(const ModelConfig& config, uint64_t seed, int32_t num_slots, GpuModelOptions options)
-    : impl_(std::make_unique<Impl>([&](CUstream_st* s) { return random_gpu_weights(config, seed, s); }, num_slots,
-                                   options)) {}
+    : impl_(std::make_unique<Impl>(
+          [&](CUstream_st* s) { return random_gpu_weights_shard(config, seed, options.tp_rank, options.tp_size, s); },
+          num_slots, options)) {}
 
 GpuModel::GpuModel(const SafetensorsFolder& folder, const ModelConfig& config, int32_t num_slots,
                    GpuModelOptions options)
-    : impl_(std::make_unique<Impl>([&](CUstream_st* s) { return load_gpu_weights(folder, config, s); }, num_slots,
-                                   options)) {}
+    : impl_(std::make_unique<Impl>(
+          [&](CUstream_st* s) {
+            FT_CHECK(options.tp_size == 1, "GPU model: loading a checkpoint directly as a tensor-parallel shard is not "
+                                           "supported (tp " + num(options.tp_size) + "); load the host weights and "
+                                           "shard them (TpGpuModel does)");
+            return load_gpu_weights(folder, config, s);
+          },
+          num_slots, options)) {}
 
 GpuModel::~GpuModel() = default;
 
@@ -378,6 +418,7 @@ std::vector<float> GpuModel::prefill(std::span<const int32_t> tokens, std::span<
   const int64_t vocab = c.vocab_size;
   std::vector<float> out(static_cast<size_t>((all_logits ? n : 1) * vocab));
   m.guarded([&] {
+    m.reduce_index = 0;
     const int64_t chunk = m.options.prefill_chunk;
     m.ensure_rows(std::min(n, chunk), all_logits ? std::min(n, chunk) : 1);
     m.marking = false;
@@ -396,15 +437,17 @@ std::vector<float> GpuModel::prefill(std::span<const int32_t> tokens, std::span<
       });
       if (all_logits) {
         m.lm_head(0, rows, [&](int64_t r, int64_t mr) {
+          m.wait_device();  // the copy to pageable memory blocks the host
           copy_to_host(out.data() + (cb + r) * vocab, m.logits.data(), static_cast<size_t>(mr * vocab) * 4, m.s());
         });
       } else if (cb + rows == n) {
         m.lm_head(rows - 1, 1, [&](int64_t, int64_t) {
+          m.wait_device();
           copy_to_host(out.data(), m.logits.data(), static_cast<size_t>(vocab) * 4, m.s());
         });
       }
     }
-    m.stream.synchronize();
+    m.sync();
   });
   return out;
 }
@@ -418,6 +461,7 @@ std::vector<float> GpuModel::decode(const DecodeBatch& batch, DecodeAttention at
   std::vector<float> out(static_cast<size_t>(b * vocab));
   m.guarded([&] {
     m.enqueue_decode(batch, b, [&](int64_t r, int64_t mr) {
+      m.wait_device();  // the copy to pageable memory blocks the host
       copy_to_host(out.data() + r * vocab, m.logits.data(), static_cast<size_t>(mr * vocab) * 4, m.s());
     });
     m.finish_decode(t0);

@@ -27,12 +27,18 @@
 //   host; decode_greedy() reduces on the device (argmax_rows) and copies B int32 only.
 // One host synchronization per call (its results); no device allocation once buffers fit.
 // Timing: decode_times().total_ms always (host time of decode calls); with set_profiling(true)
-// CUDA events split device time into attention / gemm / other (read after each step's sync).
+// CUDA events split device time into attention / gemm / other / comm (read after each step's sync;
+// comm: the tensor-parallel all-reduces, from enqueue to completion on this rank's stream, which
+// includes waiting for the slowest peer).
+// Tensor parallelism (GpuModelOptions::tp_size > 1, engine/tp_gpu_model.h): one rank's shard; the
+// hooks all-reduce the row-parallel outputs and replace blocking waits (see GpuTpHooks).
 //
 // Numerics vs the fp32 CpuModel: bf16 weights, bf16 GEMM inputs (normed activations, attention
 // output, SwiGLU product) and a bf16 KV cache, fp32 accumulation, residual stream and softmax.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -43,10 +49,27 @@
 #include "engine/weights.h"
 #include "plan/planner.h"
 
+struct CUstream_st;
+
 namespace fasttree {
 
 inline constexpr int kDefaultPrefillChunk = 2048;
 inline constexpr int kMaxLogitRows = 256;  // rows per LM-head call when prefill returns all logits
+
+// Tensor parallelism hooks (engine/tp_gpu_model.h sets them; a single-GPU model leaves them empty).
+struct GpuTpHooks {
+  // Sums `count` fp32 at device `data` over the ranks, in place, enqueued on `stream`: called after
+  // each row-parallel GEMM (o_proj, with rank 0's bias already added, and down_proj) of every layer.
+  std::function<void(float* data, size_t count, CUstream_st* stream)> all_reduce;
+  // Waits for `stream` (with a timeout; throws when a peer failed). When set, a call waits through it
+  // before any blocking copy and before its final synchronization, so a missing peer never hangs it.
+  std::function<void(CUstream_st* stream)> wait;
+  // A call failed after enqueueing device work: called before the model synchronizes its stream
+  // (the TP model aborts the communicator there, which stops a pending collective).
+  std::function<void()> on_error;
+  // Called before each all-reduce with its index within the call (tests inject failures; may throw).
+  std::function<void(int64_t index)> before_all_reduce;
+};
 
 struct GpuModelOptions {
   PlannerConfig planner;                // decode planning when the batch brings no plan
@@ -55,6 +78,14 @@ struct GpuModelOptions {
   bool validate_plans = false;          // validate_plan() a plan the batch brings (O(Σ path tokens)
                                         // per step; the kernel's index checks run regardless)
   double kv_memory_fraction = 0.9;      // num_slots == 0: largest pool in this fraction of free memory
+  int device = -1;                      // >= 0: made current by the constructor (cuda_set_device); every
+                                        // later call must come from a thread with this device current
+  // Tensor parallelism (engine/tp_shard.h): with tp_size > 1 the model is rank tp_rank's shard of the
+  // weights it is given ((a): shard_weights; (b): random_gpu_weights_shard, the same full weights as
+  // tp 1; (c): not supported) and config() is tp_local_config. tp.all_reduce is then required.
+  int tp_rank = 0;
+  int tp_size = 1;
+  GpuTpHooks tp;
 };
 
 // Head dim the GPU kernels run a model of head_dim d with: the smallest of 64, 128, 256 that is >= d

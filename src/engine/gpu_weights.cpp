@@ -14,6 +14,7 @@
 #include "core/npy.h"
 #include "cuda/engine_ops.h"
 #include "engine/gpu_model.h"  // gpu_kernel_head_dim
+#include "engine/tp_shard.h"
 
 namespace fasttree {
 
@@ -77,6 +78,10 @@ struct HeadMap {
 
 enum class Remap { kNone, kRows, kCols };
 enum class Init { kNorm, kBias, kEmbed, kProj };
+// How tensor parallelism splits a tensor (engine/tp_shard.h): whole on every rank, a row block
+// (column-parallel q / kv / gate / up weights and biases), a column block (row-parallel o_proj and
+// down_proj), or whole on rank 0 and zero elsewhere (o_proj's bias, added before the all-reduce).
+enum class Split { kReplicated, kQRows, kKvRows, kInterRows, kQCols, kInterCols, kRank0 };
 
 // One checkpoint tensor and where it goes.
 struct Target {
@@ -86,42 +91,56 @@ struct Target {
   bool f32 = false;            // destination dtype: fp32 (biases) or bf16
   Remap remap = Remap::kNone;  // head padding of rows (q/k/v weights and biases) or columns (o_proj)
   Init init = Init::kProj;
+  Split split = Split::kReplicated;
   int64_t src_rows() const { return shape[0]; }
   int64_t src_cols() const { return shape.size() == 2 ? shape[1] : 1; }
 };
 
-std::vector<Target> targets(GpuWeights& w) {
-  const ModelConfig& c = w.config();
-  const int d = c.head_dim, dk = w.kernel_head_dim();
+// The tensors of `c` in the layout of `w` (destinations nullptr when w is null: names and shapes only).
+std::vector<Target> targets(const ModelConfig& c, int dk, GpuWeights* w) {
+  const int d = c.head_dim;
   const bool pad = dk != d;
   const int64_t h = c.hidden_size, inter = c.intermediate_size, v = c.vocab_size;
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
   const Remap rows = pad ? Remap::kRows : Remap::kNone, cols = pad ? Remap::kCols : Remap::kNone;
+  auto at = [](auto* p, int64_t off) { return p == nullptr ? p : p + off; };
   std::vector<Target> t;
-  t.push_back({"model.embed_tokens.weight", {v, h}, w.embed, false, Remap::kNone, Init::kEmbed});
+  t.push_back({"model.embed_tokens.weight", {v, h}, w ? w->embed : nullptr, false, Remap::kNone, Init::kEmbed});
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const GpuLayerWeights& l = w.layers[static_cast<size_t>(i)];
+    const GpuLayerWeights l = w ? w->layers[static_cast<size_t>(i)] : GpuLayerWeights{};
     const std::string p = "model.layers." + num(i) + ".";
     const int64_t k_row = hq * dk, v_row = (hq + hkv) * dk;  // first padded row of k / v
     t.push_back({p + "input_layernorm.weight", {h}, l.input_norm, false, Remap::kNone, Init::kNorm});
-    t.push_back({p + "self_attn.q_proj.weight", {qd, h}, l.w_qkv, false, rows, Init::kProj});
-    if (c.attention_bias) t.push_back({p + "self_attn.q_proj.bias", {qd}, l.b_qkv, true, rows, Init::kBias});
-    t.push_back({p + "self_attn.k_proj.weight", {kvd, h}, l.w_qkv + k_row * h, false, rows, Init::kProj});
-    if (c.attention_bias) t.push_back({p + "self_attn.k_proj.bias", {kvd}, l.b_qkv + k_row, true, rows, Init::kBias});
-    t.push_back({p + "self_attn.v_proj.weight", {kvd, h}, l.w_qkv + v_row * h, false, rows, Init::kProj});
-    if (c.attention_bias) t.push_back({p + "self_attn.v_proj.bias", {kvd}, l.b_qkv + v_row, true, rows, Init::kBias});
-    t.push_back({p + "self_attn.o_proj.weight", {h, qd}, l.w_o, false, cols, Init::kProj});
-    if (c.o_proj_bias()) t.push_back({p + "self_attn.o_proj.bias", {h}, l.b_o, true, Remap::kNone, Init::kBias});
+    t.push_back({p + "self_attn.q_proj.weight", {qd, h}, l.w_qkv, false, rows, Init::kProj, Split::kQRows});
+    if (c.attention_bias)
+      t.push_back({p + "self_attn.q_proj.bias", {qd}, l.b_qkv, true, rows, Init::kBias, Split::kQRows});
+    t.push_back({p + "self_attn.k_proj.weight", {kvd, h}, at(l.w_qkv, k_row * h), false, rows, Init::kProj,
+                 Split::kKvRows});
+    if (c.attention_bias)
+      t.push_back({p + "self_attn.k_proj.bias", {kvd}, at(l.b_qkv, k_row), true, rows, Init::kBias, Split::kKvRows});
+    t.push_back({p + "self_attn.v_proj.weight", {kvd, h}, at(l.w_qkv, v_row * h), false, rows, Init::kProj,
+                 Split::kKvRows});
+    if (c.attention_bias)
+      t.push_back({p + "self_attn.v_proj.bias", {kvd}, at(l.b_qkv, v_row), true, rows, Init::kBias, Split::kKvRows});
+    t.push_back({p + "self_attn.o_proj.weight", {h, qd}, l.w_o, false, cols, Init::kProj, Split::kQCols});
+    if (c.o_proj_bias())
+      t.push_back({p + "self_attn.o_proj.bias", {h}, l.b_o, true, Remap::kNone, Init::kBias, Split::kRank0});
     t.push_back({p + "post_attention_layernorm.weight", {h}, l.post_norm, false, Remap::kNone, Init::kNorm});
-    t.push_back({p + "mlp.gate_proj.weight", {inter, h}, l.w_gate_up, false, Remap::kNone, Init::kProj});
-    t.push_back({p + "mlp.up_proj.weight", {inter, h}, l.w_gate_up + inter * h, false, Remap::kNone, Init::kProj});
-    t.push_back({p + "mlp.down_proj.weight", {h, inter}, l.w_down, false, Remap::kNone, Init::kProj});
+    t.push_back({p + "mlp.gate_proj.weight", {inter, h}, l.w_gate_up, false, Remap::kNone, Init::kProj,
+                 Split::kInterRows});
+    t.push_back({p + "mlp.up_proj.weight", {inter, h}, at(l.w_gate_up, inter * h), false, Remap::kNone, Init::kProj,
+                 Split::kInterRows});
+    t.push_back({p + "mlp.down_proj.weight", {h, inter}, l.w_down, false, Remap::kNone, Init::kProj,
+                 Split::kInterCols});
   }
-  t.push_back({"model.norm.weight", {h}, w.final_norm, false, Remap::kNone, Init::kNorm});
-  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {v, h}, w.lm_head, false, Remap::kNone, Init::kProj});
+  t.push_back({"model.norm.weight", {h}, w ? w->final_norm : nullptr, false, Remap::kNone, Init::kNorm});
+  if (!c.tie_word_embeddings)
+    t.push_back({"lm_head.weight", {v, h}, w ? w->lm_head : nullptr, false, Remap::kNone, Init::kProj});
   return t;
 }
+
+std::vector<Target> targets(GpuWeights& w) { return targets(w.config(), w.kernel_head_dim(), &w); }
 
 // Source elements [first, first + n) of dtype `dtype` at `base` (any alignment) -> dst (fp32 or bf16).
 void convert(DType dtype, const void* base, int64_t first, int64_t n, void* dst, bool dst_f32) {
@@ -266,46 +285,87 @@ GpuWeights load_gpu_weights(const SafetensorsFolder& folder, const ModelConfig& 
 }
 
 GpuWeights random_gpu_weights(const ModelConfig& config, uint64_t seed, CUstream_st* stream) {
+  return random_gpu_weights_shard(config, seed, 0, 1, stream);
+}
+
+GpuWeights random_gpu_weights_shard(const ModelConfig& config, uint64_t seed, int rank, int tp, CUstream_st* stream) {
   config.validate();
-  if (config.num_params() <= kGpuHostRandomMaxParams) return upload_gpu_weights(random_weights(config, seed), stream);
-  GpuWeights w(config);
+  const TpShard shard = tp_shard(config, rank, tp);  // checks tp and rank
+  if (config.num_params() <= kGpuHostRandomMaxParams) {
+    if (tp == 1) return upload_gpu_weights(random_weights(config, seed), stream);
+    return upload_gpu_weights(shard_weights(random_weights(config, seed), rank, tp), stream);
+  }
+  GpuWeights w(tp == 1 ? config : tp_local_config(config, tp));
   const int d = config.head_dim, dk = w.kernel_head_dim();
   const HeadMap map{d, dk};
+  // The whole model's tensors (seeds, shapes, distributions) and this rank's destinations, in the
+  // same order: every tensor is generated whole, exactly as for tp 1, and the rank keeps its block.
+  const std::vector<Target> full = targets(config, dk, nullptr);
+  const std::vector<Target> local = targets(w);
+  FT_CHECK(full.size() == local.size(), "random_gpu_weights_shard: tensor lists differ");
   UploadStager stager(stream);
+  DeviceBuffer scratch;  // one whole bf16 tensor of a split weight
   std::vector<float> bias;
-  uint64_t index = 0;
-  for (const Target& t : targets(w)) {
-    const uint64_t tseed = splitmix64(seed ^ splitmix64(++index));
-    const int64_t src_cols = t.src_cols();
-    const int64_t dst_rows = t.remap == Remap::kRows ? t.src_rows() / d * dk : t.src_rows();
-    const int64_t dst_cols = t.remap == Remap::kCols ? src_cols / d * dk : src_cols;
-    if (t.init == Init::kBias) {  // fp32, small: on the host
+  for (size_t i = 0; i < full.size(); ++i) {
+    const Target& f = full[i];
+    const Target& t = local[i];
+    const uint64_t tseed = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i) + 1));
+    // This rank's block of source rows (row splits) or columns (column splits).
+    int64_t begin = 0, count = 0;
+    switch (f.split) {
+      case Split::kQRows: case Split::kQCols: begin = shard.q_row_begin(), count = shard.q_rows(); break;
+      case Split::kKvRows: begin = shard.kv_row_begin(), count = shard.kv_rows(); break;
+      case Split::kInterRows: case Split::kInterCols: begin = shard.inter_begin, count = shard.inter_size; break;
+      default: break;
+    }
+    const bool whole = tp == 1 || f.split == Split::kReplicated;
+    if (f.init == Init::kBias) {  // fp32, small: on the host
       std::mt19937_64 rng(tseed);
-      bias.resize(static_cast<size_t>(t.src_rows()));
+      bias.resize(static_cast<size_t>(f.src_rows()));
       for (float& b : bias) b = -0.1f + 0.2f * (static_cast<float>(rng() >> 40) * (1.0f / 16777216.0f));
-      upload_target(t, DType::kF32, bias.data(), map, stager);
+      if (!whole && f.split == Split::kRank0 && rank != 0) std::fill(bias.begin(), bias.end(), 0.0f);
+      const float* src = bias.data() + ((whole || f.split == Split::kRank0) ? 0 : begin);
+      upload_target(t, DType::kF32, src, map, stager);
       continue;
     }
     float lo = -1.0f, hi = 1.0f;
-    if (t.init == Init::kNorm) {
+    if (f.init == Init::kNorm) {
       lo = 0.9f, hi = 1.1f;
-    } else if (t.init == Init::kProj) {
-      hi = static_cast<float>(std::sqrt(3.0 / static_cast<double>(src_cols)));
+    } else if (f.init == Init::kProj) {
+      hi = static_cast<float>(std::sqrt(3.0 / static_cast<double>(f.src_cols())));  // the whole tensor's fan-in
       lo = -hi;
     }
-    auto* dst = static_cast<uint16_t*>(t.dst);
+    const int64_t src_cols = f.src_cols();
+    const int64_t dst_rows = f.remap == Remap::kRows ? f.src_rows() / d * dk : f.src_rows();
+    const int64_t dst_cols = f.remap == Remap::kCols ? src_cols / d * dk : src_cols;
+    uint16_t* dst = static_cast<uint16_t*>(t.dst);
+    if (!whole) {
+      scratch.reserve(static_cast<size_t>(dst_rows * dst_cols) * 2);
+      dst = scratch.as<uint16_t>();
+    }
     cuda_ops::fill_uniform_bf16(dst, dst_rows * dst_cols, lo, hi, tseed, stream);
     // Zero the head padding (gpu_weights.h): rows [d/2, dk/2) and [dk/2 + d/2, dk) of each head.
     const int64_t gap = dk / 2 - d / 2;
-    if (t.remap == Remap::kRows && gap > 0) {
-      for (int64_t head = 0; head < t.src_rows() / d; ++head)
+    if (f.remap == Remap::kRows && gap > 0) {
+      for (int64_t head = 0; head < f.src_rows() / d; ++head)
         for (int64_t start : {head * dk + d / 2, head * dk + dk / 2 + d / 2})
           memset_device(dst + start * dst_cols, 0, static_cast<size_t>(gap * dst_cols) * 2, stream);
-    } else if (t.remap == Remap::kCols && gap > 0) {
+    } else if (f.remap == Remap::kCols && gap > 0) {
       for (int64_t head = 0; head < src_cols / d; ++head)
         for (int64_t start : {head * dk + d / 2, head * dk + dk / 2 + d / 2})
           memset_device_2d(dst + start, static_cast<size_t>(dst_cols) * 2, 0, static_cast<size_t>(gap) * 2,
                            static_cast<size_t>(dst_rows), stream);
+    }
+    if (whole) continue;
+    // Head blocks start at multiples of d (source) = multiples of dk (padded).
+    const bool head_units = f.split == Split::kQRows || f.split == Split::kKvRows || f.split == Split::kQCols;
+    const int64_t pb = head_units && f.remap != Remap::kNone ? begin / d * dk : begin;
+    const int64_t pc = head_units && f.remap != Remap::kNone ? count / d * dk : count;
+    if (f.split == Split::kQCols || f.split == Split::kInterCols) {
+      copy_on_device_2d(t.dst, static_cast<size_t>(pc) * 2, dst + pb, static_cast<size_t>(dst_cols) * 2,
+                        static_cast<size_t>(pc) * 2, static_cast<size_t>(dst_rows), stream);
+    } else {
+      copy_on_device(t.dst, dst + pb * dst_cols, static_cast<size_t>(pc * dst_cols) * 2, stream);
     }
   }
   stager.finish();

@@ -88,5 +88,12 @@ GpuWeights upload_gpu_weights(const ModelWeights& weights, CUstream_st* stream);
 // name a missing tensor (and a few unused checkpoint tensors), or the file, tensor and both shapes.
 GpuWeights load_gpu_weights(const SafetensorsFolder& folder, const ModelConfig& config, CUstream_st* stream);
 GpuWeights random_gpu_weights(const ModelConfig& config, uint64_t seed, CUstream_st* stream);
+// Rank `rank`'s tensor-parallel shard (engine/tp_shard.h: config tp_local_config(config, tp)) of
+// EXACTLY the weights random_gpu_weights(config, seed) gives: each split tensor is generated whole
+// on the device (same seed, distribution and padding; one scratch tensor at a time) and the rank's
+// row or column block copied out (cudaMemcpy2DAsync for column blocks); small models take
+// shard_weights(random_weights(...)). o_proj's bias: rank 0's whole, zeros on the others (it is
+// added before the all-reduce, so the sum counts it once). tp 1 = random_gpu_weights.
+GpuWeights random_gpu_weights_shard(const ModelConfig& config, uint64_t seed, int rank, int tp, CUstream_st* stream);
 
 }  // namespace fasttree

@@ -33,6 +33,7 @@ struct DecodeTimes {
   double attention_ms = 0;  // attention kernels (tree attention + merge, or prefill attention)
   double gemm_ms = 0;       // cuBLAS GEMMs (QKV, O, gate/up, down, LM head)
   double other_ms = 0;      // everything else on the device (norms, RoPE/KV append, SwiGLU, argmax, copies)
+  double comm_ms = 0;       // tensor-parallel all-reduces (GPU TP model; not part of other_ms)
 };
 
 struct DecodeBatch {

@@ -279,6 +279,18 @@ ModelConfig model_preset(std::string_view name) {
     c.rope_theta = 10000.0;
     c.vocab_size = 32000;
     c.max_position_embeddings = 4096;
+  } else if (name == "llama2-70b") {  // meta-llama/Llama-2-70b-hf (GQA: 8 kv heads)
+    c.model_type = "llama";
+    c.hidden_size = 8192;
+    c.intermediate_size = 28672;
+    c.num_hidden_layers = 80;
+    c.num_attention_heads = 64;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 10000.0;
+    c.vocab_size = 32000;
+    c.max_position_embeddings = 4096;
   } else if (name == "mistral-7b") {  // mistralai/Mistral-7B-v0.3
     c.model_type = "mistral";
     c.hidden_size = 4096;
@@ -313,7 +325,7 @@ ModelConfig model_preset(std::string_view name) {
   return c;
 }
 
-std::vector<std::string> model_preset_names() { return {"tiny", "llama2-7b", "mistral-7b", "llama3-8b"}; }
+std::vector<std::string> model_preset_names() { return {"tiny", "llama2-7b", "llama2-70b", "mistral-7b", "llama3-8b"}; }
 
 bool operator==(const RopeScaling& a, const RopeScaling& b) {
   if (a.type != b.type) return false;

@@ -1,5 +1,6 @@
 #include "engine/model_factory.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -8,6 +9,9 @@
 #include "engine/gpu_model.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
+#include "engine/tp_cpu_model.h"
+#include "engine/tp_gpu_model.h"
+#include "engine/tp_shard.h"
 #include "engine/weights.h"
 
 namespace fasttree {
@@ -20,6 +24,21 @@ std::unique_ptr<DecoderModel> make_gpu_model(const ModelSpec& spec) {
   GpuModelOptions options;
   options.planner = spec.planner;
   const auto slots = static_cast<int32_t>(spec.kv_slots);
+  if (spec.tp > 1) {
+    const int visible = cuda_device_count();
+    FT_CHECK(visible >= spec.tp, "--tp " + std::to_string(spec.tp) + " needs " + std::to_string(spec.tp) +
+                                     " GPUs, but " + std::to_string(visible) + " CUDA device" +
+                                     (visible == 1 ? " is" : "s are") + " visible");
+    TpGpuModelOptions tp_options;
+    tp_options.tp = spec.tp;
+    tp_options.model = options;
+    if (!spec.model_dir.empty()) {
+      const ModelConfig config = load_model_config(spec.model_dir);
+      const SafetensorsFolder folder(spec.model_dir);
+      return std::make_unique<TpGpuModel>(load_weights(folder, config, spec.threads), slots, tp_options);
+    }
+    return std::make_unique<TpGpuModel>(model_preset(spec.preset), spec.weights_seed, slots, tp_options);
+  }
   if (!spec.model_dir.empty()) {
     const ModelConfig config = load_model_config(spec.model_dir);
     const SafetensorsFolder folder(spec.model_dir);
@@ -39,6 +58,11 @@ std::unique_ptr<DecoderModel> make_model(const ModelSpec& spec) {
     std::error_code ec;
     FT_CHECK(std::filesystem::is_directory(spec.model_dir, ec), "--model " + spec.model_dir + ": no such folder");
   }
+  FT_CHECK(spec.tp >= 1, "--tp must be at least 1, got " + std::to_string(spec.tp));
+  if (spec.tp > 1) {  // the split is checked before any weights are made
+    const ModelConfig config = spec.model_dir.empty() ? model_preset(spec.preset) : load_model_config(spec.model_dir);
+    check_tp(config, spec.tp);
+  }
   if (spec.backend == "cuda") return make_gpu_model(spec);
   ModelWeights weights;
   if (!spec.model_dir.empty()) {
@@ -47,6 +71,13 @@ std::unique_ptr<DecoderModel> make_model(const ModelSpec& spec) {
     weights = load_weights(folder, config, spec.threads);
   } else {
     weights = random_weights(model_preset(spec.preset), spec.weights_seed);
+  }
+  if (spec.tp > 1) {
+    TpCpuModelOptions to;
+    to.tp = spec.tp;
+    to.threads_per_rank = spec.threads > 0 ? std::max(1, spec.threads / spec.tp) : 0;
+    to.planner = spec.planner;
+    return std::make_unique<TpCpuModel>(weights, static_cast<int32_t>(spec.kv_slots), to);
   }
   CpuModelOptions mo;
   mo.num_threads = spec.threads;

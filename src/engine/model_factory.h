@@ -1,6 +1,7 @@
 // make_model: the engine's model for a command line — a HF checkpoint folder or a named preset with
 // seeded random weights, on the CPU (fp32, engine/cpu_model.h) or the GPU (bf16, engine/gpu_model.h).
-// Used by `fasttree generate` and `fasttree bench-e2e`. Every bad input is a one-line Error.
+// Used by `fasttree generate` and `fasttree bench-e2e`. Every bad input is a one-line Error; with
+// tp > 1 the split is checked (check_tp) before any weights are made or a device is touched.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,7 +18,9 @@ struct ModelSpec {
   uint64_t weights_seed = 0;   // seed of the preset's random weights
   std::string backend = "cpu"; // cpu | cuda
   int64_t kv_slots = 0;        // KV pool size in tokens (> 0)
-  int threads = 0;             // CPU threads (0 = all)
+  int threads = 0;             // CPU threads (0 = all; with tp > 1 on the CPU: split over the ranks)
+  int tp = 1;                  // tensor-parallel ranks: cuda -> TpGpuModel on GPUs 0..tp-1 (a checkpoint
+                               // is loaded in fp32 on the host, then sharded); cpu -> TpCpuModel
   PlannerConfig planner;       // decode planning inside the model (when the scheduler brings no plan)
 };
 
