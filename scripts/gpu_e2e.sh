@@ -6,6 +6,15 @@
 #   sanitize  compute-sanitizer memcheck + racecheck on the small engine-kernel tests
 #   smoke     llama2-7b workload D, both attentions, 32 new tokens (timing preview)
 #   llama2, mistral   the full workloads A-D, both attentions, agreement check on 16 steps -> CSV
+#   tp        (2 GPUs) tensor-parallel tests (TpGpu*: NCCL, tp 2 vs tp 1, failures), then llama2-7b
+#             workload D at --tp 1 and --tp 2 (both attentions, 256 new tokens; tp 2 also checks
+#             FastTree vs per-request over 16 steps) -> h200x2-tp-7b.csv (~4-5 min, limits 240+150+150 s)
+#   tp70      (2 GPUs) llama2-70b (random weights) --tp 2 on workloads A-D, both attentions, full
+#             scale, 128 new tokens (TP70_TOKENS=256 to try more: estimated ~200 s at 128 and ~300 s
+#             at 256, but a 70B step is ~3-5x a 7B's and every run re-prefills, so 128 is the safe
+#             default under the 560 s limit; run tp70 as its own device call) -> h200x2-tp-70b.csv
+#   Concatenate the two CSVs (one header) into bench/results/h200x2-tp.csv; each step prints the
+#   all-reduce share of the profiled decode steps ("all-reduce ..." lines, comm_ms column).
 #   unprofiled        llama2-7b workload D, both attentions, no profiling events at all (step time)
 # Logs and CSVs land in $OUT (default ./out).
 set -uo pipefail
@@ -51,5 +60,19 @@ done
 if has unprofiled; then
   run unprofiled 300 "$B/fasttree" bench-e2e --backend cuda --preset llama2-7b --workload D --attention both \
     --profile-every 0 --no-progress --csv "$OUT/e2e-unprofiled.csv" --commit "$COMMIT"
+fi
+if has tp; then
+  run tp-tests 240 "$B/fasttree_tests" --gtest_filter='TpGpu*:TpCpu*:TpGpuHost*'
+  for t in 1 2; do
+    extra=""; [ "$t" = 2 ] && extra="--check-steps 16"
+    run "tp$t-llama2-7b" 150 "$B/fasttree" bench-e2e --backend cuda --tp "$t" --preset llama2-7b --workload D \
+      --attention both $extra --no-progress --csv "$OUT/h200x2-tp-7b.csv" --commit "$COMMIT"
+    grep -E "^all-reduce|^speedup|^check" "$OUT/tp$t-llama2-7b.log"
+  done
+fi
+if has tp70; then
+  run tp2-llama2-70b 560 "$B/fasttree" bench-e2e --backend cuda --tp 2 --preset llama2-70b --workload A,B,C,D \
+    --attention both --max-new-tokens "${TP70_TOKENS:-128}" --no-progress --csv "$OUT/h200x2-tp-70b.csv" --commit "$COMMIT"
+  grep -E "^all-reduce|^speedup" "$OUT/tp2-llama2-70b.log"
 fi
 exit $status

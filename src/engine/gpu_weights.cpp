@@ -304,7 +304,17 @@ GpuWeights random_gpu_weights_shard(const ModelConfig& config, uint64_t seed, in
   const std::vector<Target> local = targets(w);
   FT_CHECK(full.size() == local.size(), "random_gpu_weights_shard: tensor lists differ");
   UploadStager stager(stream);
-  DeviceBuffer scratch;  // one whole bf16 tensor of a split weight
+  DeviceBuffer scratch;  // one whole bf16 tensor of a split weight, sized once for the largest
+  if (tp > 1) {
+    size_t most = 0;
+    for (const Target& f : full) {
+      if (f.f32 || f.split == Split::kReplicated || f.split == Split::kRank0) continue;
+      const int64_t rows = f.remap == Remap::kRows ? f.src_rows() / d * dk : f.src_rows();
+      const int64_t cols = f.remap == Remap::kCols ? f.src_cols() / d * dk : f.src_cols();
+      most = std::max(most, static_cast<size_t>(rows * cols) * 2);
+    }
+    scratch.reserve(most);
+  }
   std::vector<float> bias;
   for (size_t i = 0; i < full.size(); ++i) {
     const Target& f = full[i];
@@ -339,10 +349,7 @@ GpuWeights random_gpu_weights_shard(const ModelConfig& config, uint64_t seed, in
     const int64_t dst_rows = f.remap == Remap::kRows ? f.src_rows() / d * dk : f.src_rows();
     const int64_t dst_cols = f.remap == Remap::kCols ? src_cols / d * dk : src_cols;
     uint16_t* dst = static_cast<uint16_t*>(t.dst);
-    if (!whole) {
-      scratch.reserve(static_cast<size_t>(dst_rows * dst_cols) * 2);
-      dst = scratch.as<uint16_t>();
-    }
+    if (!whole) dst = scratch.as<uint16_t>();  // stream-ordered reuse: the previous copy-out runs first
     cuda_ops::fill_uniform_bf16(dst, dst_rows * dst_cols, lo, hi, tseed, stream);
     // Zero the head padding (gpu_weights.h): rows [d/2, dk/2) and [dk/2 + d/2, dk) of each head.
     const int64_t gap = dk / 2 - d / 2;

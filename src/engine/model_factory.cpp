@@ -20,15 +20,17 @@ namespace {
 
 std::unique_ptr<DecoderModel> make_gpu_model(const ModelSpec& spec) {
   FT_CHECK(cuda_backend_built(), "--backend cuda: this binary was built without the CUDA backend (no nvcc)");
-  FT_CHECK(cuda_device_count() > 0, "--backend cuda: no CUDA device is present");
-  GpuModelOptions options;
-  options.planner = spec.planner;
-  const auto slots = static_cast<int32_t>(spec.kv_slots);
   if (spec.tp > 1) {
     const int visible = cuda_device_count();
     FT_CHECK(visible >= spec.tp, "--tp " + std::to_string(spec.tp) + " needs " + std::to_string(spec.tp) +
                                      " GPUs, but " + std::to_string(visible) + " CUDA device" +
                                      (visible == 1 ? " is" : "s are") + " visible");
+  }
+  FT_CHECK(cuda_device_count() > 0, "--backend cuda: no CUDA device is present");
+  GpuModelOptions options;
+  options.planner = spec.planner;
+  const auto slots = static_cast<int32_t>(spec.kv_slots);
+  if (spec.tp > 1) {
     TpGpuModelOptions tp_options;
     tp_options.tp = spec.tp;
     tp_options.model = options;

@@ -136,7 +136,6 @@ struct TpGpuModel::Impl {
     local = tp_local_config(config, tp);
     FT_CHECK(options.timeout.count() > 0, "tensor parallelism: the timeout must be positive");
     FT_CHECK(cuda_backend_built(), "tensor parallelism on GPUs: this binary was built without the CUDA backend (no nvcc)");
-    FT_CHECK(nccl_available(), "tensor parallelism on GPUs: this binary was built without NCCL");
     devices = options.devices;
     if (devices.empty())
       for (int r = 0; r < tp; ++r) devices.push_back(r);
@@ -148,6 +147,7 @@ struct TpGpuModel::Impl {
                "tensor parallelism: tp " + str(tp) + " needs " + str(tp) + " GPUs, but rank " + str(r) + "'s device " +
                    str(devices[static_cast<size_t>(r)]) + " is missing (" + str(visible) + " CUDA device" +
                    (visible == 1 ? "" : "s") + " visible)");
+    FT_CHECK(nccl_available(), "tensor parallelism on GPUs: this binary was built without NCCL");
     rank_errors.assign(static_cast<size_t>(tp), "");
     greedy.resize(static_cast<size_t>(tp));
     // Communicators first: NCCL's buffers must not find the devices filled by the KV pools.
