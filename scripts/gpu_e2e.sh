@@ -63,7 +63,7 @@ if has unprofiled; then
 fi
 if has tp; then
   run tp-tests 240 "$B/fasttree_tests" --gtest_filter='TpGpu*:TpCpu*:TpGpuHost*'
-  for t in 1 2; do
+  for t in ${TP_SIZES:-1 2}; do
     extra=""; [ "$t" = 2 ] && extra="--check-steps 16"
     run "tp$t-llama2-7b" 150 "$B/fasttree" bench-e2e --backend cuda --tp "$t" --preset llama2-7b --workload D \
       --attention both $extra --no-progress --csv "$OUT/h200x2-tp-7b.csv" --commit "$COMMIT"

@@ -1,6 +1,7 @@
 // Launcher of the tensor-core prefill attention kernel (prefill_attention.cuh). Pointers that are
 // not 16-byte aligned (the kernel's cp.async / vector stores need it), and n > 65535 * 64, take the
 // simple kernel.
+#include <atomic>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,12 +14,19 @@ namespace {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// Raises the kernel's dynamic shared-memory limit once per process (thread-safe static init).
+// Raises the kernel's dynamic shared-memory limit once per device (the attribute is per device:
+// tensor-parallel ranks launch it on several GPUs of one process).
 template <int D>
 int prepare() {
-  static const int err = static_cast<int>(cudaFuncSetAttribute(
-      prefill_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, PrefillConfig<D>::kSmemBytes));
-  return err;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> done[kMaxDevices] = {};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
+  if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire) != 0) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(prefill_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               PrefillConfig<D>::kSmemBytes);
+  if (err == cudaSuccess && device >= 0 && device < kMaxDevices) done[device].store(1, std::memory_order_release);
+  return static_cast<int>(err);
 }
 
 template <int D>
