@@ -230,3 +230,39 @@ void PhaseTimer::collect(std::span<double> ms) {
 }
 
 }  // namespace fasttree
+
+namespace fasttree {
+
+CudaGraph::~CudaGraph() { reset(); }
+
+void CudaGraph::reset() {
+  if (exec_ != nullptr) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  exec_ = nullptr;
+}
+
+void CudaGraph::capture(CUstream_st* stream, const std::function<void()>& enqueue) {
+  reset();
+  FT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue();
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream, &graph);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  FT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  FT_CUDA_CHECK(err);
+  exec_ = exec;
+}
+
+void CudaGraph::launch(CUstream_st* stream) const {
+  FT_CHECK(exec_ != nullptr, "CudaGraph::launch: nothing captured");
+  FT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream));
+}
+
+}  // namespace fasttree

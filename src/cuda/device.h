@@ -90,6 +90,24 @@ class CudaStream {
   CUstream_st* stream_ = nullptr;
 };
 
+// A CUDA graph captured from the work a callable enqueues on a stream, replayed with launch().
+// Capture uses cudaStreamCaptureModeThreadLocal (other threads may keep using CUDA); a failed
+// capture leaves the graph empty and throws. Replays need the captured pointers to stay valid.
+class CudaGraph {
+ public:
+  CudaGraph() = default;
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void capture(CUstream_st* stream, const std::function<void()>& enqueue);
+  void launch(CUstream_st* stream) const;
+  bool valid() const { return exec_ != nullptr; }
+  void reset();
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
 void copy_to_device(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 void copy_to_host(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 void copy_on_device(void* dst, const void* src, size_t bytes, CUstream_st* stream);

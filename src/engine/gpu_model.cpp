@@ -1,10 +1,13 @@
 #include "engine/gpu_model.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "cuda/backend.h"
@@ -320,6 +323,12 @@ struct GpuModel::Impl {
 
   // Enqueues a decode step up to the logits; take(row, rows) consumes each LM-head piece.
   void enqueue_decode(const DecodeBatch& batch, int64_t b, const std::function<void(int64_t, int64_t)>& take) {
+    const int32_t* d = prepare_decode(batch, b);
+    enqueue_decode_body(d, b, take);
+  }
+
+  // Plans (when the batch brings no plan), grows buffers, uploads the plan and the step's inputs.
+  const int32_t* prepare_decode(const DecodeBatch& batch, int64_t b) {
     const KvTree& tree = *batch.tree;
     const Plan* p = batch.plan;
     if (p == nullptr) {
@@ -333,7 +342,11 @@ struct GpuModel::Impl {
     marking = profiling;
     if (marking) timer.begin(s());
     attention->upload(*p, tree, s(), num_slots);
-    const int32_t* d = upload_ints({batch.tokens, batch.positions, batch.slots});
+    return upload_ints({batch.tokens, batch.positions, batch.slots});
+  }
+
+  // The step's device work from the embedding to the LM head (capturable: no host sync inside).
+  void enqueue_decode_body(const int32_t* d, int64_t b, const std::function<void(int64_t, int64_t)>& take) {
     const int m = static_cast<int>(b);
     cuda_ops::embed(d, m, weights.embed, config.vocab_size, config.hidden_size, resid.as<float>(), s());
     mark(kOther);
@@ -345,6 +358,24 @@ struct GpuModel::Impl {
     });
     lm_head(0, b, take);
   }
+
+  // Decode-step CUDA graph (GpuModelOptions::decode_graphs).
+  using GraphKey = std::tuple<int64_t, uint64_t, const int32_t*, int64_t, int64_t, const void*>;
+  CudaGraph graph;
+  GraphKey graph_key{}, last_graph_key{};
+  const bool graphs_allowed = [] {
+    const char* e = std::getenv("FT_DECODE_GRAPHS");
+    return e == nullptr || std::string(e) != "0";
+  }();
+
+  // FT_HOST_TIMING=1: per decode_greedy step, host ms in [checks, enqueue incl. plan upload, wait
+  // for the device], printed to stderr when the model is destroyed.
+  const bool host_timing = [] {
+    const char* e = std::getenv("FT_HOST_TIMING");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  double host_ms[3] = {};
+  int64_t host_steps = 0;
 
   void finish_decode(std::chrono::steady_clock::time_point t0) {
     sync();
@@ -386,7 +417,14 @@ GpuModel::GpuModel(const SafetensorsFolder& folder, const ModelConfig& config, i
           },
           num_slots, options)) {}
 
-GpuModel::~GpuModel() = default;
+GpuModel::~GpuModel() {
+  if (impl_ && impl_->host_timing && impl_->host_steps > 0) {
+    const double n = static_cast<double>(impl_->host_steps);
+    std::fprintf(stderr, "gpu model host timing: %lld decode steps, per step: checks %.3f ms, enqueue %.3f ms, wait %.3f ms\n",
+                 static_cast<long long>(impl_->host_steps), impl_->host_ms[0] / n, impl_->host_ms[1] / n,
+                 impl_->host_ms[2] / n);
+  }
+}
 
 const ModelConfig& GpuModel::config() const { return impl_->config; }
 int32_t GpuModel::num_slots() const { return impl_->num_slots; }
@@ -474,15 +512,44 @@ std::vector<int32_t> GpuModel::decode_greedy(const DecodeBatch& batch, DecodeAtt
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t b = m.check_decode(batch, attention);
   if (b == 0) return {};
+  const auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> out(static_cast<size_t>(b));
   m.guarded([&] {
-    m.enqueue_decode(batch, b, [&](int64_t r, int64_t mr) {
-      cuda_ops::argmax_rows(m.logits.as<float>(), static_cast<int>(mr), m.config.vocab_size, m.ids.as<int32_t>() + r,
-                            m.s());
-    });
-    copy_to_host(m.ids_host.data(), m.ids.data(), static_cast<size_t>(b) * 4, m.s());
+    const int32_t* d = m.prepare_decode(batch, b);
+    auto body = [&] {
+      m.enqueue_decode_body(d, b, [&](int64_t r, int64_t mr) {
+        cuda_ops::argmax_rows(m.logits.as<float>(), static_cast<int>(mr), m.config.vocab_size,
+                              m.ids.as<int32_t>() + r, m.s());
+      });
+      copy_to_host(m.ids_host.data(), m.ids.data(), static_cast<size_t>(b) * 4, m.s());
+    };
+    if (m.options.decode_graphs && m.graphs_allowed && !m.marking && m.options.tp_size == 1) {
+      // Everything the captured step depends on: batch size, the plan buffers' epoch, every buffer
+      // the body touches (they only move when they grow).
+      const Impl::GraphKey key{b, m.attention->graph_epoch(), d, m.rows_cap, m.lm_rows_cap, m.resid.data()};
+      if (m.graph.valid() && key == m.graph_key) {
+        m.graph.launch(m.s());
+      } else if (key == m.last_graph_key) {  // second step like this one: capture, then replay
+        m.graph.capture(m.s(), body);
+        m.graph_key = key;
+        m.graph.launch(m.s());
+      } else {
+        body();
+      }
+      m.last_graph_key = key;
+    } else {
+      body();
+    }
+    const auto t2 = std::chrono::steady_clock::now();
     m.finish_decode(t0);
     std::copy_n(m.ids_host.as<int32_t>(), b, out.begin());
+    if (m.host_timing) {  // FT_HOST_TIMING=1: host-side split of decode steps (diagnostics)
+      const auto t3 = std::chrono::steady_clock::now();
+      m.host_ms[0] += std::chrono::duration<double, std::milli>(t1 - t0).count();
+      m.host_ms[1] += std::chrono::duration<double, std::milli>(t2 - t1).count();
+      m.host_ms[2] += std::chrono::duration<double, std::milli>(t3 - t2).count();
+      ++m.host_steps;
+    }
   });
   return out;
 }

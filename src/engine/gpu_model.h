@@ -77,6 +77,11 @@ struct GpuModelOptions {
   int prefill_chunk = kDefaultPrefillChunk;  // tokens per prefill chunk (activation rows)
   bool validate_plans = false;          // validate_plan() a plan the batch brings (O(Σ path tokens)
                                         // per step; the kernel's index checks run regardless)
+  // Greedy decode steps replay a CUDA graph of the whole step (embedding to argmax) captured on the
+  // second consecutive step with the same batch size and buffers (the first one runs plainly, so
+  // GEMM tuning happens outside capture); not with profiling or tensor parallelism.
+  // FT_DECODE_GRAPHS=0 in the environment turns it off.
+  bool decode_graphs = true;
   double kv_memory_fraction = 0.9;      // num_slots == 0: largest pool in this fraction of free memory
   int device = -1;                      // >= 0: made current by the constructor (cuda_set_device); every
                                         // later call must come from a thread with this device current
