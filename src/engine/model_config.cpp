@@ -253,79 +253,57 @@ std::string model_config_to_json(const ModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// The named shapes (HF configs of the models they are named after; rms_norm_eps 1e-5 for all).
+struct PresetRow {
+  const char* name;
+  const char* model_type;
+  int64_t hidden, intermediate;
+  int layers, heads, kv_heads, head_dim;
+  double rope_theta;
+  int64_t vocab, max_positions;
+  bool llama3_rope;  // Llama-3.1 RoPE scaling (factor 8, low 1, high 4, original 8192)
+};
+constexpr PresetRow kPresets[] = {
+    {"tiny", "llama", 64, 128, 2, 4, 2, 16, 10000.0, 256, 1024, false},
+    {"llama2-7b", "llama", 4096, 11008, 32, 32, 32, 128, 10000.0, 32000, 4096, false},   // meta-llama/Llama-2-7b-hf
+    {"llama2-70b", "llama", 8192, 28672, 80, 64, 8, 128, 10000.0, 32000, 4096, false},   // meta-llama/Llama-2-70b-hf
+    {"mistral-7b", "mistral", 4096, 14336, 32, 32, 8, 128, 1000000.0, 32768, 32768, false},  // Mistral-7B-v0.3
+    {"llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 500000.0, 128256, 131072, true},  // Llama-3.1-8B
+};
+
+}  // namespace
+
 ModelConfig model_preset(std::string_view name) {
-  ModelConfig c;
-  if (name == "tiny") {
-    c.model_type = "llama";
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
+  for (const PresetRow& p : kPresets) {
+    if (name != p.name) continue;
+    ModelConfig c;
+    c.model_type = p.model_type;
+    c.hidden_size = p.hidden;
+    c.intermediate_size = p.intermediate;
+    c.num_hidden_layers = p.layers;
+    c.num_attention_heads = p.heads;
+    c.num_key_value_heads = p.kv_heads;
+    c.head_dim = p.head_dim;
     c.rms_norm_eps = 1e-5;
-    c.rope_theta = 10000.0;
-    c.vocab_size = 256;
-    c.max_position_embeddings = 1024;
-  } else if (name == "llama2-7b") {  // meta-llama/Llama-2-7b-hf
-    c.model_type = "llama";
-    c.hidden_size = 4096;
-    c.intermediate_size = 11008;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 32;
-    c.head_dim = 128;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 10000.0;
-    c.vocab_size = 32000;
-    c.max_position_embeddings = 4096;
-  } else if (name == "llama2-70b") {  // meta-llama/Llama-2-70b-hf (GQA: 8 kv heads)
-    c.model_type = "llama";
-    c.hidden_size = 8192;
-    c.intermediate_size = 28672;
-    c.num_hidden_layers = 80;
-    c.num_attention_heads = 64;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 10000.0;
-    c.vocab_size = 32000;
-    c.max_position_embeddings = 4096;
-  } else if (name == "mistral-7b") {  // mistralai/Mistral-7B-v0.3
-    c.model_type = "mistral";
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 1000000.0;
-    c.vocab_size = 32768;
-    c.max_position_embeddings = 32768;
-  } else if (name == "llama3-8b") {  // meta-llama/Llama-3.1-8B
-    c.model_type = "llama";
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 500000.0;
-    c.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
-    c.vocab_size = 128256;
-    c.max_position_embeddings = 131072;
-  } else {
-    std::string known;
-    for (const std::string& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
-    FT_FAIL("unknown model preset '" + std::string(name) + "' (known: " + known + ")");
+    c.rope_theta = p.rope_theta;
+    if (p.llama3_rope) c.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
+    c.vocab_size = p.vocab;
+    c.max_position_embeddings = p.max_positions;
+    c.validate("preset " + std::string(name));
+    return c;
   }
-  c.validate("preset " + std::string(name));
-  return c;
+  std::string known;
+  for (const std::string& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  FT_FAIL("unknown model preset '" + std::string(name) + "' (known: " + known + ")");
 }
 
-std::vector<std::string> model_preset_names() { return {"tiny", "llama2-7b", "llama2-70b", "mistral-7b", "llama3-8b"}; }
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const PresetRow& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
 
 bool operator==(const RopeScaling& a, const RopeScaling& b) {
   if (a.type != b.type) return false;
