@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_path.h"
+#include "model_test_util.h"
 #include "core/half.h"
 #include "cuda/backend.h"
 #include "engine/cpu_model.h"
@@ -57,7 +58,14 @@ namespace {
 
 using test::expect_error;
 using test::TempDir;
-using Vec = std::vector<int32_t>;
+using test::concat;
+using test::iota;
+using test::llama_bias64;
+using test::qwen64;
+using test::random_tokens;
+using test::row_scale;
+using test::top2_gap;
+using test::Vec;
 
 constexpr double kGpuRelTol = 0.05;
 
@@ -66,11 +74,6 @@ constexpr double kGpuRelTol = 0.05;
 
 double g_worst = 0.0;  // worst max|diff| / max(1, max|ref|) of the current test
 
-double row_scale(std::span<const float> ref) {
-  double s = 1.0;
-  for (float v : ref) s = std::max(s, std::abs(static_cast<double>(v)));
-  return s;
-}
 
 // max |got - ref| <= kGpuRelTol * max(1, max |ref|).
 void expect_row_near(std::span<const float> got, std::span<const float> ref, const std::string& what) {
@@ -93,20 +96,6 @@ void expect_rows_near(const std::vector<float>& got, const std::vector<float>& r
                     std::span<const float>(ref).subspan(r * vocab, vocab), what + " row " + std::to_string(r));
 }
 
-// Top-1 minus top-2 of a row.
-double top2_gap(std::span<const float> row) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float v : row) {
-    if (v > a) {
-      b = a;
-      a = v;
-    } else if (v > b) {
-      b = v;
-    }
-  }
-  return static_cast<double>(a) - b;
-}
-
 // The token is (within the tolerance) a best choice of the reference row.
 void expect_near_argmax(std::span<const float> ref, int32_t token, const std::string& what) {
   ASSERT_TRUE(token >= 0 && static_cast<size_t>(token) < ref.size()) << what << ": token " << token;
@@ -115,46 +104,11 @@ void expect_near_argmax(std::span<const float> ref, int32_t token, const std::st
       << what << ": token " << token << " has logit " << ref[static_cast<size_t>(token)] << ", best " << best;
 }
 
-Vec iota(int32_t first, int32_t n) {
-  Vec v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
 
-Vec random_tokens(int n, uint64_t seed, int vocab) {
-  std::mt19937_64 rng(seed);
-  Vec t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-  return t;
-}
 
-Vec concat(Vec a, const Vec& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // Test shapes: the "tiny" preset (head_dim 16: padded to 64 on the GPU, GQA 2) and an unpadded
 // head_dim-64 Llama with q/k/v/o biases (GQA 2, untied) and a Qwen2 with tied embeddings (GQA 4).
-ModelConfig llama_bias64() {
-  ModelConfig c = model_preset("tiny");
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.intermediate_size = 256;
-  c.vocab_size = 320;
-  c.attention_bias = true;
-  return c;
-}
-
-ModelConfig qwen64() {
-  ModelConfig c = llama_bias64();
-  c.model_type = "qwen2";
-  c.num_key_value_heads = 1;
-  c.tie_word_embeddings = true;
-  return c;
-}
-
 std::vector<ModelConfig> test_configs() { return {model_preset("tiny"), llama_bias64(), qwen64()}; }
 
 // ---- golden (transformers) ------------------------------------------------------------------------

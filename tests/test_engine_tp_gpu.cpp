@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cli_path.h"
+#include "model_test_util.h"
 #include "core/half.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
@@ -60,7 +61,14 @@ namespace fasttree {
 namespace {
 
 using test::expect_error;
-using Vec = std::vector<int32_t>;
+using test::concat;
+using test::iota;
+using test::llama_bias64;
+using test::qwen64;
+using test::random_tokens;
+using test::row_scale;
+using test::top2_gap;
+using test::Vec;
 using Clock = std::chrono::steady_clock;
 
 constexpr double kTpRelTol = 0.02;
@@ -68,41 +76,13 @@ constexpr double kTpRelTol = 0.02;
 #define SKIP_WITHOUT_TWO_GPUS() \
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << cuda_device_count() << " visible"
 
-Vec iota(int32_t first, int32_t n) {
-  Vec v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
 
-Vec random_tokens(int n, uint64_t seed, int vocab) {
-  std::mt19937_64 rng(seed);
-  Vec t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-  return t;
-}
 
 #if FASTTREE_HAVE_CUDA  // the device tests use cuda/device.h (built with the CUDA backend only)
 
 double g_worst = 0.0;
 
-double row_scale(std::span<const float> ref) {
-  double s = 1.0;
-  for (float v : ref) s = std::max(s, std::abs(static_cast<double>(v)));
-  return s;
-}
 
-double top2_gap(std::span<const float> row) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float v : row) {
-    if (v > a) {
-      b = a;
-      a = v;
-    } else if (v > b) {
-      b = v;
-    }
-  }
-  return static_cast<double>(a) - b;
-}
 
 // Rows of `got` vs `ref` (tp 1) within the tolerance; greedy tokens equal away from ties.
 void expect_rows_near(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab,
@@ -124,32 +104,10 @@ void expect_rows_near(const std::vector<float>& got, const std::vector<float>& r
   }
 }
 
-Vec concat(Vec a, const Vec& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
-// tiny (head_dim 16 padded to 64, GQA 2 -> 2/1 per rank), a Llama with q/k/v/o biases (o bias on
-// rank 0 only), a Qwen2 with one kv head (tp 2 replicates it) and tied embeddings.
-ModelConfig llama_bias64() {
-  ModelConfig c = model_preset("tiny");
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.intermediate_size = 256;
-  c.vocab_size = 320;
-  c.attention_bias = true;
-  return c;
-}
-
-ModelConfig qwen64() {
-  ModelConfig c = llama_bias64();
-  c.model_type = "qwen2";
-  c.num_key_value_heads = 1;
-  c.tie_word_embeddings = true;
-  return c;
-}
+// Shapes (model_test_util.h): tiny (head_dim 16 padded to 64, GQA 2 -> 2/1 per rank), a Llama
+// with q/k/v/o biases (o bias on rank 0 only), a Qwen2 with one kv head (tp 2 replicates it) and
+// tied embeddings.
 
 // Above kGpuHostRandomMaxParams: weights generated on the device (sharded init), padded heads
 // (head_dim 32 -> 64), GQA, q/k/v/o biases.
