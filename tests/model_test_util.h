@@ -9,7 +9,9 @@
 #include <span>
 #include <vector>
 
+#include "engine/model.h"
 #include "engine/model_config.h"
+#include "engine/scheduler.h"
 
 namespace fasttree::test {
 
@@ -74,6 +76,20 @@ inline ModelConfig qwen64() {
   c.num_key_value_heads = 1;
   c.tie_word_embeddings = true;
   return c;
+}
+
+// Runs the requests through a Scheduler over `m` (checking its invariants after every step);
+// results in submission order.
+inline std::vector<GenerationResult> run_scheduler(DecoderModel& m, const std::vector<GenerationRequest>& reqs,
+                                                   PathSharing sharing) {
+  SchedulerOptions o;
+  o.sharing = sharing;
+  Scheduler s(m, o);
+  for (const auto& r : reqs) s.submit(r);
+  while (s.step()) s.check_invariants();
+  auto out = s.take_finished();
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
+  return out;
 }
 
 }  // namespace fasttree::test

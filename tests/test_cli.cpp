@@ -19,34 +19,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code;     // -1 when killed by a signal
-  std::string err;   // stderr
-  std::string out;   // stdout
-};
+using RunResult = CliRun;
 
-class Cli : public ::testing::Test {
+class Cli : public CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("fasttree_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(path(name), std::ios::binary) << text; }
-
-  RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && " + cli_path() + " " + args + " >stdout.txt 2>stderr.txt";
-    const int status = std::system(cmd.c_str());
-    RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
-    return r;
-  }
-  std::string slurp(const std::string& name) const {
-    std::ifstream f(path(name), std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
+  Cli() : CliFixture("fasttree_cli_") {}
+  RunResult run(const std::string& args) const { return run_cli("", args); }
   // A failing run: non-zero exit (not a signal), exactly one line on stderr containing `needle`.
   void expect_error(const std::string& args, const std::string& needle) const {
     const RunResult r = run(args);
@@ -55,7 +33,6 @@ class Cli : public ::testing::Test {
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\nstderr: " << r.err;
   }
 
-  fs::path dir_;
 };
 
 TEST_F(Cli, AttentionMatchesReferenceOnGeneratedInputs) {

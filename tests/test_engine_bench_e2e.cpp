@@ -34,35 +34,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code;  // -1 when killed by a signal
-  std::string err;
-  std::string out;
-};
+using RunResult = CliRun;
 
 using Row = std::map<std::string, std::string>;
 
-class CliBenchE2e : public ::testing::Test {
+class CliBenchE2e : public CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("fasttree_cli_e2e_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  std::string slurp(const std::string& name) const {
-    std::ifstream f(path(name), std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
-  RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && timeout 120 " + cli_path() +
-                            " bench-e2e --threads 2 " + args +
-                            " >stdout.txt 2>stderr.txt";
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
-  }
+  CliBenchE2e() : CliFixture("fasttree_cli_e2e_") {}
+  RunResult run(const std::string& args) const { return run_cli("timeout 120 ", "bench-e2e --threads 2 " + args); }
   void expect_error(const std::string& args, const std::string& needle) const {
     const RunResult r = run(args);
     EXPECT_GT(r.exit_code, 0) << args;
@@ -116,7 +95,6 @@ class CliBenchE2e : public ::testing::Test {
     return {header, rows};
   }
 
-  fs::path dir_;
 };
 
 // The CPU backend, the tiny preset, no progress bar.

@@ -26,33 +26,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code;  // -1 when killed by a signal
-  std::string err;
-  std::string out;
-};
+using RunResult = CliRun;
 
-class CliGenerate : public ::testing::Test {
+class CliGenerate : public CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("fasttree_cli_gen_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(path(name), std::ios::binary) << text; }
-  std::string slurp(const std::string& name) const {
-    std::ifstream f(path(name), std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
-  RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && " + cli_path() + " generate --threads 2 " + args +
-                            " >stdout.txt 2>stderr.txt";
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp("stderr.txt"), slurp("stdout.txt")};
-  }
+  CliGenerate() : CliFixture("fasttree_cli_gen_") {}
+  RunResult run(const std::string& args) const { return run_cli("", "generate --threads 2 " + args); }
   void expect_error(const std::string& args, const std::string& needle) const {
     const RunResult r = run(args);
     EXPECT_GT(r.exit_code, 0) << args;
@@ -68,7 +47,6 @@ class CliGenerate : public ::testing::Test {
     return v;
   }
 
-  fs::path dir_;
 };
 
 // What the scheduler gives in-process for the preset "tiny" with --weights-seed 0.

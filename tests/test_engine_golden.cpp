@@ -32,31 +32,19 @@
 #include "engine/scheduler.h"
 #include "engine/slot_paths.h"
 #include "engine/weights.h"
+#include "golden_util.h"
 
 namespace fasttree {
 namespace {
 
+using test::Golden;
+using test::golden_dirs;
+using test::golden_root;
+using test::load_golden;
+
 constexpr double kRelTol = 1e-4;  // max abs diff <= kRelTol * max(1, max |golden logit|)
 
-struct Golden {
-  std::string dir;
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::vector<float>> logits_last;
-  std::vector<std::vector<int32_t>> greedy;
-  std::vector<std::vector<std::vector<float>>> greedy_logits;  // may be empty
-};
 
-std::string golden_root() { return std::string(FASTTREE_SOURCE_DIR) + "/data/golden"; }
-
-std::vector<std::string> golden_dirs() {
-  std::vector<std::string> dirs;
-  std::error_code ec;
-  if (!std::filesystem::is_directory(golden_root(), ec)) return dirs;
-  for (const auto& e : std::filesystem::directory_iterator(golden_root()))
-    if (e.is_directory() && std::filesystem::exists(e.path() / "golden.json")) dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
 
 #define SKIP_WITHOUT_GOLDEN(dirs)                                                                            \
   if ((dirs).empty())                                                                                        \
@@ -64,19 +52,6 @@ std::vector<std::string> golden_dirs() {
                << "/: generate it with `python3 scripts/make_golden.py --out OUTDIR` on the GPU machine "   \
                   "(torch + transformers) and copy OUTDIR/* into data/golden/"
 
-Golden load_golden(const std::string& dir) {
-  std::ifstream f(dir + "/golden.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str());
-  Golden g;
-  g.dir = dir;
-  g.prompts = j.at("prompts").get<std::vector<std::vector<int32_t>>>();
-  g.logits_last = j.at("logits_last").get<std::vector<std::vector<float>>>();
-  g.greedy = j.at("greedy").get<std::vector<std::vector<int32_t>>>();
-  if (j.contains("greedy_logits")) g.greedy_logits = j.at("greedy_logits").get<std::vector<std::vector<std::vector<float>>>>();
-  return g;
-}
 
 // Largest max-abs-diff / max(1, max |logit|) seen, reported per test.
 double g_worst = 0.0;

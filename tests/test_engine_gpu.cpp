@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_path.h"
+#include "golden_util.h"
 #include "model_test_util.h"
 #include "core/half.h"
 #include "cuda/backend.h"
@@ -66,6 +67,11 @@ using test::random_tokens;
 using test::row_scale;
 using test::top2_gap;
 using test::Vec;
+using test::Golden;
+using test::golden_dirs;
+using test::golden_root;
+using test::load_golden;
+using test::run_scheduler;
 
 constexpr double kGpuRelTol = 0.05;
 
@@ -113,39 +119,8 @@ std::vector<ModelConfig> test_configs() { return {model_preset("tiny"), llama_bi
 
 // ---- golden (transformers) ------------------------------------------------------------------------
 
-struct Golden {
-  std::string dir;
-  std::vector<Vec> prompts;
-  std::vector<std::vector<float>> logits_last;
-  std::vector<Vec> greedy;
-  std::vector<std::vector<std::vector<float>>> greedy_logits;
-};
 
-std::string golden_root() { return std::string(FASTTREE_SOURCE_DIR) + "/data/golden"; }
 
-std::vector<std::string> golden_dirs() {
-  std::vector<std::string> dirs;
-  std::error_code ec;
-  if (!std::filesystem::is_directory(golden_root(), ec)) return dirs;
-  for (const auto& e : std::filesystem::directory_iterator(golden_root()))
-    if (e.is_directory() && std::filesystem::exists(e.path() / "golden.json")) dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-Golden load_golden(const std::string& dir) {
-  std::ifstream f(dir + "/golden.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str());
-  Golden g;
-  g.dir = dir;
-  g.prompts = j.at("prompts").get<std::vector<Vec>>();
-  g.logits_last = j.at("logits_last").get<std::vector<std::vector<float>>>();
-  g.greedy = j.at("greedy").get<std::vector<Vec>>();
-  g.greedy_logits = j.at("greedy_logits").get<std::vector<std::vector<std::vector<float>>>>();
-  return g;
-}
 
 std::unique_ptr<GpuModel> load_gpu(const std::string& dir, int32_t slots, GpuModelOptions o = {}) {
   const ModelConfig config = load_model_config(dir);
@@ -237,6 +212,7 @@ TEST(GpuGolden, SchedulerAndMakeModelMatchTransformers) {
     }
     const auto results = s.run();
     ASSERT_EQ(results.size(), g.prompts.size());
+    ASSERT_EQ(g.greedy_logits.size(), g.prompts.size()) << "golden.json without greedy_logits";
     for (size_t p = 0; p < g.prompts.size(); ++p) {
       // Where HF's margins are all wide (make_golden.py picks seeds for that) the tokens are exact.
       for (const auto& sample : results[p].samples) {
@@ -394,17 +370,6 @@ std::vector<GenerationRequest> tree_requests(int vocab) {
   return reqs;
 }
 
-std::vector<GenerationResult> run_scheduler(DecoderModel& m, const std::vector<GenerationRequest>& reqs,
-                                            PathSharing sharing) {
-  SchedulerOptions o;
-  o.sharing = sharing;
-  Scheduler s(m, o);
-  for (const auto& r : reqs) s.submit(r);
-  while (s.step()) s.check_invariants();
-  auto out = s.take_finished();
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
-  return out;
-}
 
 TEST(GpuVsCpu, SchedulerFastTreeAndPerRequestGreedyTokens) {
   SKIP_WITHOUT_GPU();

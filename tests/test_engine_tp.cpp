@@ -30,6 +30,7 @@
 #include "engine/tp_cpu_model.h"
 #include "engine/tp_shard.h"
 #include "engine/weights.h"
+#include "golden_util.h"
 #include "engine_test_util.h"
 
 namespace fasttree {
@@ -302,23 +303,13 @@ struct GoldenModel {
 
 std::vector<GoldenModel> golden_models() {
   std::vector<GoldenModel> out;
-  const std::filesystem::path root = std::filesystem::path(FASTTREE_SOURCE_DIR) / "data/golden";
-  std::error_code ec;
-  if (!std::filesystem::is_directory(root, ec)) return out;
-  std::vector<std::string> dirs;
-  for (const auto& e : std::filesystem::directory_iterator(root))
-    if (e.is_directory() && std::filesystem::exists(e.path() / "golden.json")) dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  for (const std::string& dir : dirs) {
-    std::ifstream f(dir + "/golden.json");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const nlohmann::json j = nlohmann::json::parse(ss.str());
+  for (const std::string& dir : test::golden_dirs()) {
+    const test::Golden g = test::load_golden(dir);
     GoldenModel m;
     m.dir = dir;
     m.weights = load_weights(SafetensorsFolder(dir), load_model_config(dir));
-    m.prompts = j.at("prompts").get<std::vector<std::vector<int32_t>>>();
-    m.greedy = j.at("greedy").get<std::vector<std::vector<int32_t>>>();
+    m.prompts = g.prompts;
+    m.greedy = g.greedy;
     out.push_back(std::move(m));
   }
   return out;

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cli_path.h"
+#include "golden_util.h"
 #include "model_test_util.h"
 #include "core/half.h"
 #include "cuda/backend.h"
@@ -68,6 +69,7 @@ using test::qwen64;
 using test::random_tokens;
 using test::row_scale;
 using test::top2_gap;
+using test::run_scheduler;
 using test::Vec;
 using Clock = std::chrono::steady_clock;
 
@@ -182,17 +184,6 @@ std::vector<GenerationRequest> tree_requests(int vocab) {
   return reqs;
 }
 
-std::vector<GenerationResult> run_scheduler(DecoderModel& m, const std::vector<GenerationRequest>& reqs,
-                                            PathSharing sharing) {
-  SchedulerOptions o;
-  o.sharing = sharing;
-  Scheduler s(m, o);
-  for (const auto& r : reqs) s.submit(r);
-  while (s.step()) s.check_invariants();
-  auto out = s.take_finished();
-  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
-  return out;
-}
 
 // ---- NCCL ---------------------------------------------------------------------------------------
 
@@ -317,11 +308,7 @@ TEST(TpGpu, MatchesTp1OnDeviceRandomWeights) {
 
 TEST(TpGpu, MatchesTp1OnGoldenCheckpoints) {
   SKIP_WITHOUT_TWO_GPUS();
-  const std::string root = std::string(FASTTREE_SOURCE_DIR) + "/data/golden";
-  std::vector<std::string> dirs;
-  for (const auto& e : std::filesystem::directory_iterator(root))
-    if (e.is_directory() && std::filesystem::exists(e.path() / "config.json")) dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
+  const std::vector<std::string> dirs = test::golden_dirs();
   ASSERT_FALSE(dirs.empty());
   g_worst = 0.0;
   int compared = 0;
