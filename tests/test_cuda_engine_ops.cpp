@@ -11,6 +11,7 @@
 //   rms_norm / silu_mul bf16 outputs: |gpu - ref| <= 1e-2 * |ref| + 1e-6 (fp32 vs fp64 sums, one rounding);
 //   rope: bf16 outputs equal the CPU's bf16-rounded fp32 result, or differ by 1 bf16 ulp on at most
 //     0.1% of elements (a cos/sin rounding difference of the two libms can flip a rounding);
+//   varlen prefill: each sequence's rows bit-identical to the single-sequence call on it;
 //   prefill attention (bf16 out, |O| <= 2 since |V| <= 2): |gpu - ref| <= 2e-2 + 1e-2 |ref| (P is rounded
 //     to bf16 for P·V on tensor cores, plus the bf16 output rounding).
 #include <gtest/gtest.h>
@@ -740,6 +741,141 @@ TEST(CudaEngineOps, PrefillAttentionModelShapes) {
     for (int i : {0, 1, 63, 64, 1000, c.n / 2, c.n - 2, c.n - 1})
       if (i < c.n) sample.push_back(i);
     expect_close_to_reference(pd, tc, sample, "tensor-core");
+  }
+}
+
+// ---- batched (varlen) prefill attention and the row gather -----------------------------------------
+
+TEST(CudaEngineOps, HostChecksVarlenPrefill) {
+  const uint16_t* cb = reinterpret_cast<const uint16_t*>(16);  // never dereferenced: the checks throw first
+  uint16_t* b = reinterpret_cast<uint16_t*>(16);
+  const int32_t* ci = reinterpret_cast<const int32_t*>(16);
+  // Two sequences: 70 rows over 100 keys, 3 rows over 3 keys.
+  const std::vector<int32_t> rows = {0, 70, 73}, keys = {0, 100, 103};
+  const std::vector<int32_t> blocks = ops::prefill_varlen_blocks(rows, keys);
+  EXPECT_EQ(blocks, (std::vector<int32_t>{0, 64, 0, 0, 1, 0}));  // heaviest (most keys) first
+  auto call = [&](const std::vector<int32_t>& r, const std::vector<int32_t>& k, const std::vector<int32_t>& bl,
+                  int hd = 128) {
+    ops::PrefillVarlen v{r.data(), k.data(), bl.data(), static_cast<int>(r.size()) - 1,
+                         static_cast<int>(bl.size() / 2), ci, ci, ci};
+    ops::prefill_attention_varlen(cb, cb, cb, ci, v, 4, 4, hd, 0.1f, b, nullptr);
+  };
+  EXPECT_ERROR_WITH(call({0, 70, 73}, {0, 60, 63}, blocks), "60 keys for 70 rows");
+  EXPECT_ERROR_WITH(call({0, 70, 69}, {0, 100, 103}, blocks), "decrease");
+  EXPECT_ERROR_WITH(call({1, 70, 73}, {0, 100, 103}, blocks), "must be 0");
+  EXPECT_ERROR_WITH(call(rows, keys, {0, 0, 1, 0}), "cover 64 rows of sequence 0");
+  EXPECT_ERROR_WITH(call(rows, keys, {0, 0, 0, 32, 1, 0}), "not a block");
+  EXPECT_ERROR_WITH(call(rows, keys, {0, 0, 0, 64, 2, 0}), "names sequence 2");
+  EXPECT_ERROR_WITH(call(rows, keys, blocks, 96), "head_dim");
+  EXPECT_ERROR_WITH(ops::prefill_varlen_blocks(rows, std::vector<int32_t>{0, 1}), "S + 1");
+  EXPECT_ERROR_WITH(ops::gather_rows_bf16(cb, ci, 2, 0, b, nullptr), "dim");
+  EXPECT_ERROR_WITH(ops::gather_rows_bf16(nullptr, ci, 2, 8, b, nullptr), "null");
+  EXPECT_NO_THROW(ops::gather_rows_bf16(nullptr, nullptr, 0, 0, nullptr, nullptr));
+}
+
+// Sequences packed row-wise: every sequence's rows equal, bit for bit, what the single-sequence call
+// computes for it alone (tensor-core and simple kernels each), and the tensor-core rows are within
+// the prefill tolerance of the simple ones. Rows of the packed output are poisoned first. Lengths
+// cover empty, 1-row, block-crossing and long sequences with contexts of 0..300 keys; the last
+// sequence's context contains the first one's new slots (a prefix computed in the same batch).
+TEST(CudaEngineOps, PrefillAttentionVarlenEqualsPerSequence) {
+  SKIP_WITHOUT_GPU();
+  struct Seq {
+    int n, ctx;
+  };
+  const Seq seqs[] = {{70, 0}, {0, 5}, {1, 0}, {64, 64}, {130, 300}, {3, 17}, {65, 70}};
+  for (const int d : {64, 128, 256}) {
+    for (const auto [hq, hkv] : {std::pair{4, 4}, std::pair{8, 2}}) {
+      std::mt19937 rng(900 + d + hq);
+      const int ns = static_cast<int>(std::size(seqs));
+      int64_t total_rows = 0, total_ctx = 0;
+      for (const Seq& q : seqs) total_rows += q.n, total_ctx += q.ctx;
+      const int64_t num_slots = total_rows + total_ctx + 11;
+      std::vector<int32_t> perm(static_cast<size_t>(num_slots));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      const std::vector<uint16_t> k = to_bf16(random_floats(static_cast<size_t>(num_slots * hkv * d), -2, 2, rng));
+      const std::vector<uint16_t> v = to_bf16(random_floats(static_cast<size_t>(num_slots * hkv * d), -2, 2, rng));
+      const std::vector<uint16_t> q = to_bf16(random_floats(static_cast<size_t>(total_rows * hq * d), -2, 2, rng));
+      // New slots: perm[0 .. total_rows); contexts: distinct slots from the rest, the last sequence's
+      // context starts with the first sequence's new slots.
+      std::vector<int32_t> seq_rows = {0}, seq_keys = {0}, key_slots;
+      std::vector<std::vector<int32_t>> own_keys;
+      size_t next_ctx = static_cast<size_t>(total_rows);
+      for (int s = 0; s < ns; ++s) {
+        std::vector<int32_t> ks;
+        for (int j = 0; j < seqs[s].ctx; ++j) {
+          if (s == ns - 1 && j < seqs[0].n) ks.push_back(perm[static_cast<size_t>(j)]);
+          else ks.push_back(perm[next_ctx++]);
+        }
+        for (int j = 0; j < seqs[s].n; ++j) ks.push_back(perm[static_cast<size_t>(seq_rows.back() + j)]);
+        key_slots.insert(key_slots.end(), ks.begin(), ks.end());
+        own_keys.push_back(ks);
+        seq_rows.push_back(seq_rows.back() + seqs[s].n);
+        seq_keys.push_back(static_cast<int32_t>(key_slots.size()));
+      }
+      const std::vector<int32_t> blocks = ops::prefill_varlen_blocks(seq_rows, seq_keys);
+      DevBuf<uint16_t> d_q(q), d_k(k), d_v(v), d_out(q.size());
+      DevBuf<int32_t> d_keys(key_slots), d_rows(seq_rows), d_seq_keys(seq_keys), d_blocks(blocks);
+      const ops::PrefillVarlen pv{seq_rows.data(), seq_keys.data(), blocks.data(), ns, static_cast<int>(blocks.size() / 2),
+                                  d_rows.get(), d_seq_keys.get(), d_blocks.get()};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::vector<float> packed[2];
+      for (int simple = 0; simple < 2; ++simple) {
+        d_out.poison();
+        ops::prefill_attention_varlen(d_q.get(), d_k.get(), d_v.get(), d_keys.get(), pv, hq, hkv, d, scale, d_out.get(),
+                                      nullptr, simple != 0);
+        sync();
+        packed[simple] = from_bf16(d_out.download());
+        for (int s = 0; s < ns; ++s) {
+          const int n = seqs[s].n;
+          if (n == 0) continue;
+          const size_t row_elems = static_cast<size_t>(hq) * d;
+          const std::vector<uint16_t> qs(q.begin() + seq_rows[s] * row_elems, q.begin() + seq_rows[s + 1] * row_elems);
+          DevBuf<uint16_t> d_qs(qs), d_os(qs.size());
+          DevBuf<int32_t> d_ks(own_keys[static_cast<size_t>(s)]);
+          d_os.poison();
+          const int64_t nk = static_cast<int64_t>(own_keys[static_cast<size_t>(s)].size());
+          if (simple != 0)
+            ops::prefill_attention_simple(d_qs.get(), d_k.get(), d_v.get(), d_ks.get(), nk, n, hq, hkv, d, scale, d_os.get(), nullptr);
+          else
+            ops::prefill_attention(d_qs.get(), d_k.get(), d_v.get(), d_ks.get(), nk, n, hq, hkv, d, scale, d_os.get(), nullptr);
+          sync();
+          const std::vector<float> alone = from_bf16(d_os.download());
+          size_t bad = 0;
+          for (size_t e = 0; e < alone.size(); ++e)
+            bad += std::bit_cast<uint32_t>(alone[e]) != std::bit_cast<uint32_t>(packed[simple][seq_rows[s] * row_elems + e]);
+          EXPECT_EQ(bad, 0u) << (simple ? "simple" : "tensor-core") << " d " << d << " heads " << hq << "/" << hkv
+                             << " sequence " << s << ": elements differing from the sequence alone";
+        }
+      }
+      double worst = 0;
+      for (size_t e = 0; e < packed[0].size(); ++e)
+        worst = std::max(worst, std::isnan(packed[0][e]) ? INFINITY
+                                                         : std::abs(double(packed[0][e]) - packed[1][e]) /
+                                                               (2e-2 + 1e-2 * std::abs(double(packed[1][e]))));
+      EXPECT_LE(worst, 1.0) << "d " << d << ": tensor-core vs simple varlen";
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST(CudaEngineOps, GatherRowsBf16) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(77);
+  for (const int64_t dim : {int64_t{4096}, int64_t{100}}) {  // vector and scalar paths
+    const std::vector<uint16_t> x = to_bf16(random_floats(static_cast<size_t>(50 * dim), -1, 1, rng));
+    const std::vector<int32_t> rows = {49, 0, 7, 7, 23};
+    DevBuf<uint16_t> d_x(x), d_out(rows.size() * static_cast<size_t>(dim));
+    DevBuf<int32_t> d_rows(rows);
+    d_out.poison();
+    ops::gather_rows_bf16(d_x.get(), d_rows.get(), static_cast<int>(rows.size()), dim, d_out.get(), nullptr);
+    sync();
+    const std::vector<uint16_t> out = d_out.download();
+    for (size_t i = 0; i < rows.size(); ++i)
+      EXPECT_TRUE(std::equal(out.begin() + static_cast<int64_t>(i) * dim, out.begin() + static_cast<int64_t>(i + 1) * dim,
+                             x.begin() + int64_t{rows[i]} * dim))
+          << "row " << i << " dim " << dim;
   }
 }
 

@@ -10,7 +10,8 @@
 // The tests print the worst ratio seen so the bound can be tightened from measurements.
 //
 //   GpuGolden.*           prefill + batched greedy decode vs transformers' fp32 logits/tokens
-//   GpuVsCpu.*            prefill (chunked, with cached context, all logits) and tree-shaped
+//   GpuVsCpu.*            prefill (chunked, with cached context, all logits), batched prefill
+//                         (packed sequences, in-batch prefixes, == sequential prefills) and tree-shaped
 //                         decode batches (model-planned, scheduler-style split plans) vs CpuModel;
 //                         the Scheduler (FastTree and per-request trees, n-sample forks) vs CpuModel
 //   GpuWeightLoading.*    checkpoint loading (F32 / BF16 files == host upload, bad files named),
@@ -269,6 +270,65 @@ TEST(GpuVsCpu, PrefillChunksContextAndAllLogitsMatchCpu) {
     }
   }
   std::cout << "[ gpu/cpu  ] prefill: worst max|diff| / max(1, max|logit|) = " << g_worst << "\n";
+}
+
+// Batched prefill: 5 sequences packed into chunks (prefill_chunk 7: sequences split across chunks
+// and chunks holding several sequences; and the default), one of them reading the first one's new
+// slots as its context (a prefix computed in the same batch), against CpuModel's sequential
+// prefills; the K/V the batch wrote equals what one-at-a-time GPU prefills write within
+// 1e-2 + 1e-2 |x| per element (GEMM shapes differ, so cuBLAS may sum in another order).
+// Bad batches: a slot written twice, a context slot of a later sequence.
+TEST(GpuVsCpu, PrefillBatchMatchesSequentialPrefills) {
+  SKIP_WITHOUT_GPU();
+  g_worst = 0.0;
+  for (const ModelConfig& c : test_configs()) {
+    SCOPED_TRACE(c.model_type + " head_dim " + std::to_string(c.head_dim));
+    const ModelWeights w = random_weights(c, 21);
+    const int vocab = static_cast<int>(c.vocab_size);
+    const Vec t0 = random_tokens(20, 1, vocab), t1 = random_tokens(1, 2, vocab), t2 = random_tokens(9, 3, vocab);
+    const Vec t3 = random_tokens(3, 4, vocab), t4 = random_tokens(30, 5, vocab);
+    const Vec s0 = iota(0, 20), s1 = {40}, s2 = iota(50, 9), s3 = {90, 92, 95}, s4 = iota(100, 30);
+    const Vec ctx1 = s0;                                     // seq 1 continues seq 0 (same batch)
+    const Vec ctx2 = Vec(s0.begin(), s0.begin() + 10);       // seq 2 shares its first 10 tokens
+    const Vec p0 = iota(0, 20), p1 = {20}, p2 = iota(10, 9), p3 = iota(0, 3), p4 = iota(0, 30);
+    const std::vector<PrefillSeq> batch = {{t0, p0, s0, {}}, {t1, p1, s1, ctx1}, {t2, p2, s2, ctx2}, {t3, p3, s3, {}},
+                                           {t4, p4, s4, {}}};
+    CpuModel cpu(w, 160);
+    const std::vector<float> want = cpu.prefill_batch(batch);  // sequential prefills
+    ASSERT_EQ(want.size(), batch.size() * static_cast<size_t>(vocab));
+    GpuModel alone(w, 160);
+    for (const PrefillSeq& q : batch) alone.prefill(q.tokens, q.positions, q.slots, q.context_slots);
+    for (int chunk : {kDefaultPrefillChunk, 7}) {
+      SCOPED_TRACE("prefill_chunk " + std::to_string(chunk));
+      GpuModel gpu(w, 160, small_chunks(chunk));
+      expect_rows_near(gpu.prefill_batch(batch), want, vocab, "batched prefill");
+      for (int layer : {0, c.num_hidden_layers - 1}) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const std::vector<uint16_t> a = kv ? gpu.v_cache(layer) : gpu.k_cache(layer);
+          const std::vector<uint16_t> b = kv ? alone.v_cache(layer) : alone.k_cache(layer);
+          ASSERT_EQ(a.size(), b.size());
+          size_t bad = 0, differ = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            const double fa = bf16_to_float(a[i]), fb = bf16_to_float(b[i]);
+            differ += a[i] != b[i];
+            bad += !(std::abs(fa - fb) <= 1e-2 + 1e-2 * std::abs(fb));
+          }
+          EXPECT_EQ(bad, 0u) << "layer " << layer << (kv ? " V" : " K") << ": " << differ << " elements differ";
+        }
+      }
+      // A slot written by two sequences; a context slot that a later sequence writes.
+      const std::vector<PrefillSeq> twice = {{t3, p3, s3, {}}, {t1, p1, Vec{95}, {}}};
+      expect_error([&] { gpu.prefill_batch(twice); }, {"slot 95", "sequences 0 and 1"});
+      const std::vector<PrefillSeq> later = {{t1, p1, s1, Vec{3, 90}}, {t3, p3, s3, {}}};
+      expect_error([&] { gpu.prefill_batch(later); }, {"sequence 0's context slot 90", "sequence 1"});
+      const std::vector<PrefillSeq> empty = {{Vec{}, Vec{}, Vec{}, {}}};
+      expect_error([&] { gpu.prefill_batch(empty); }, {"sequence 0 has no tokens"});
+      EXPECT_TRUE(gpu.prefill_batch({}).empty());
+      // The model still works after the errors.
+      expect_rows_near(gpu.prefill_batch(batch), want, vocab, "after errors");
+    }
+  }
+  std::cout << "[ gpu/cpu  ] prefill_batch: worst max|diff| / max(1, max|logit|) = " << g_worst << "\n";
 }
 
 // Planner settings that split tiny contexts into chunks (several partials per query, merged).

@@ -8,6 +8,8 @@
 //   * n-sample forks share the prompt's slots, and sample i == a lone request with seed + i;
 //   * re-planning only when the batch changes (exact counts), new arrivals mid-run;
 //   * stop tokens, max_new_tokens 0 and 1, and one-line errors for requests that can never run;
+//   * batched prefill: any batch size gives the outputs of one request per call, and no prefill or
+//     decode ever reads a KV slot before it was written (RecordingModel);
 //   * extend_plan: a patched plan is valid (validate_plan) and computes the grown tree's attention.
 #include <gtest/gtest.h>
 
@@ -440,6 +442,122 @@ TEST(EngineScheduler, StopTokensAndShortRequests) {
   EXPECT_EQ(s.reserved_slots(), 0);
   s.check_invariants();
   EXPECT_FALSE(s.step());
+}
+
+// Wraps a model and checks the KV contract the scheduler relies on: every slot a prefill sequence
+// or a decode step reads was written before (by an earlier call or an earlier sequence of the same
+// batch), and no slot is written twice while in use. Records the batch sizes.
+class RecordingModel final : public DecoderModel {
+ public:
+  explicit RecordingModel(DecoderModel& inner) : inner_(inner), written_(static_cast<size_t>(inner.num_slots()), 0) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  int32_t num_slots() const override { return inner_.num_slots(); }
+  std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                             std::span<const int32_t> slots, std::span<const int32_t> context_slots,
+                             bool all_logits) override {
+    const PrefillSeq one{tokens, positions, slots, context_slots};
+    record({&one, 1});
+    return inner_.prefill(tokens, positions, slots, context_slots, all_logits);
+  }
+  std::vector<float> prefill_batch(std::span<const PrefillSeq> seqs) override {
+    record(seqs);
+    batch_sizes.push_back(static_cast<int>(seqs.size()));
+    return inner_.prefill_batch(seqs);
+  }
+  std::vector<float> decode(const DecodeBatch& batch, DecodeAttention attention) override {
+    for (int v = 0; v < batch.tree->num_nodes(); ++v)
+      for (int32_t slot : batch.tree->node_slots(v)) {
+        const bool fresh = std::find(batch.slots.begin(), batch.slots.end(), slot) != batch.slots.end();
+        EXPECT_TRUE(fresh || written_[static_cast<size_t>(slot)]) << "decode reads unwritten slot " << slot;
+      }
+    for (int32_t slot : batch.slots) written_[static_cast<size_t>(slot)] = 1;
+    return inner_.decode(batch, attention);
+  }
+  std::vector<int> batch_sizes;
+
+ private:
+  void record(std::span<const PrefillSeq> seqs) {
+    for (const PrefillSeq& q : seqs) {
+      for (int32_t slot : q.context_slots)
+        EXPECT_TRUE(written_[static_cast<size_t>(slot)]) << "prefill reads unwritten slot " << slot;
+      for (int32_t slot : q.slots) written_[static_cast<size_t>(slot)] = 1;
+    }
+  }
+  DecoderModel& inner_;
+  std::vector<uint8_t> written_;
+};
+
+TEST(EngineScheduler, BatchedPrefillEqualsOneRequestPerCall) {
+  // mixed_requests (shared prefixes, a prompt that prefixes the others, a duplicate prompt whose
+  // last token is computed twice) plus forks and one-token requests, all submitted at once.
+  std::vector<GenerationRequest> reqs = mixed_requests();
+  GenerationRequest fork = greedy_request(concat(random_tokens(12, 1), random_tokens(2, 40)), 4);
+  fork.n = 3;
+  reqs.push_back(fork);
+  reqs.push_back(greedy_request(random_tokens(5, 41), 1));  // finishes at its prefill
+  reqs.push_back(reqs[0]);                                   // fully cached but its last token
+
+  auto run = [&](int64_t max_prefill, SchedulerStats& stats, std::vector<int>& sizes) {
+    CpuModel cpu(tiny_weights(), 512, model_options());
+    RecordingModel model(cpu);
+    SchedulerOptions o;
+    o.max_prefill_tokens = max_prefill;
+    Scheduler s(model, o);
+    auto out = run_all(s, reqs);  // checks the invariants after every step
+    EXPECT_EQ(s.reserved_slots(), 0);
+    stats = s.stats();
+    sizes = model.batch_sizes;
+    return out;
+  };
+  SchedulerStats one_stats, all_stats, some_stats;
+  std::vector<int> one_sizes, all_sizes, some_sizes;
+  const auto one = run(1, one_stats, one_sizes);
+  const auto all = run(1 << 20, all_stats, all_sizes);
+  const auto some = run(20, some_stats, some_sizes);
+  ASSERT_EQ(one.size(), reqs.size());
+  ASSERT_EQ(all.size(), reqs.size());
+  ASSERT_EQ(some.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(all[i].samples, one[i].samples) << "request " << i;
+    EXPECT_EQ(some[i].samples, one[i].samples) << "request " << i;
+    EXPECT_EQ(all[i].cached_tokens, one[i].cached_tokens) << "request " << i;
+    EXPECT_EQ(some[i].cached_tokens, one[i].cached_tokens) << "request " << i;
+  }
+  // One request per call vs one call for everything vs calls of >= 20 tokens.
+  EXPECT_EQ(one_stats.prefill_calls, static_cast<int64_t>(reqs.size()));
+  EXPECT_TRUE(std::all_of(one_sizes.begin(), one_sizes.end(), [](int n) { return n == 1; }));
+  EXPECT_EQ(all_stats.prefill_calls, 1);
+  EXPECT_EQ(all_sizes, std::vector<int>{static_cast<int>(reqs.size())});
+  EXPECT_GT(some_stats.prefill_calls, 1);
+  EXPECT_LT(some_stats.prefill_calls, static_cast<int64_t>(reqs.size()));
+  EXPECT_EQ(all_stats.prefill_tokens, one_stats.prefill_tokens);
+  EXPECT_EQ(all_stats.cached_prompt_tokens, one_stats.cached_prompt_tokens);
+  EXPECT_GT(all_stats.cached_prompt_tokens, 12 * 4);  // the shared prefixes were reused inside the batch
+}
+
+TEST(EngineScheduler, BatchedPrefillWaitsForRoomAndRespectsMaxRunning) {
+  // 6 requests of 16 + 7 slots into a 60-slot pool (two fit at once) and max_running 2: batches
+  // hold at most what fits; everything completes with the outputs of a roomy engine.
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy_request(random_tokens(16, 300 + i), 8));
+  CpuModel roomy(tiny_weights(), 1024, model_options());
+  Scheduler big(roomy);
+  const auto want = run_all(big, reqs);
+  CpuModel cpu(tiny_weights(), 60, model_options());
+  RecordingModel model(cpu);
+  SchedulerOptions o;
+  o.max_running = 2;
+  Scheduler s(model, o);
+  const auto got = run_all(s, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].samples, want[i].samples) << "request " << i;
+  for (int n : model.batch_sizes) EXPECT_LE(n, 2);
+  EXPECT_LE(s.stats().max_batch, 2);
+  expect_error([&] {
+    SchedulerOptions bad;
+    bad.max_prefill_tokens = 0;
+    Scheduler x(cpu, bad);
+  }, {"max_prefill_tokens must be positive"});
 }
 
 // ---- extend_plan -------------------------------------------------------------------------------

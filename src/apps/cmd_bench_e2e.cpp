@@ -56,6 +56,7 @@ struct BenchE2eCmd {
   uint64_t seed = 0;
   uint64_t weights_seed = 0;
   int max_running = 256;
+  int64_t max_prefill_tokens = SchedulerOptions{}.max_prefill_tokens;
   int64_t kv_slots = 0;
   int tp = 1;
   int threads = 0;
@@ -206,6 +207,7 @@ void run_bench_e2e(BenchE2eCmd& c) {
     const std::unique_ptr<DecoderModel> model = make_model(ms);
     SchedulerOptions base;
     base.max_running = c.max_running;
+    base.max_prefill_tokens = c.max_prefill_tokens;
     base.planner = planner;
 
     for (const PreparedWorkload& p : work) {
@@ -283,6 +285,8 @@ void register_bench_e2e_command(CLI::App& app) {
   cmd->add_option("--length-scale", c->length_scale, "Token lengths x this, in (0, 1] (default: from --scale)");
   cmd->add_option("--seed", c->seed, "Seed of the workloads' synthetic token ids")->capture_default_str();
   cmd->add_option("--max-running", c->max_running, "Sequences decoded together at most")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--max-prefill-tokens", c->max_prefill_tokens, "A batched prefill runs once admitted requests hold this many uncached tokens (1 = one request per prefill)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->capture_default_str();
   cmd->add_option("--kv-slots", c->kv_slots, "KV pool size in tokens (default: the largest workload at once)");
   cmd->add_option("--tp", c->tp, "Tensor-parallel ranks: cuda = GPUs 0..N-1 through NCCL (cpu: TpCpuModel)")
       ->check(CLI::Range(1, 64))

@@ -44,6 +44,7 @@ struct GenerateCmd {
   std::string attention = "fasttree";
   int64_t kv_slots = 0;
   int max_running = 256;
+  int64_t max_prefill_tokens = SchedulerOptions{}.max_prefill_tokens;
   int threads = 0;
   int tp = 1;
   bool stats = false;
@@ -183,6 +184,7 @@ void run_generate(GenerateCmd& c) {
   const std::unique_ptr<DecoderModel> model = make_model(spec);
   SchedulerOptions so;
   so.max_running = c.max_running;
+  so.max_prefill_tokens = c.max_prefill_tokens;
   so.sharing = c.attention == "per-request" ? PathSharing::kPerRequest : PathSharing::kShared;
   so.planner = spec.planner;
   Scheduler scheduler(*model, so);
@@ -245,6 +247,8 @@ void register_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-slots", c->kv_slots, "KV pool size in tokens (default: every request at once)");
   cmd->add_option("--max-running", c->max_running, "Sequences decoded together at most")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--max-prefill-tokens", c->max_prefill_tokens, "A batched prefill runs once admitted requests hold this many uncached tokens (1 = one request per prefill)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->capture_default_str();
   cmd->add_option("--threads", c->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096))->capture_default_str();
   cmd->add_option("--tp", c->tp, "Tensor-parallel ranks: cuda = GPUs 0..N-1 (NCCL), cpu = threads groups")
       ->check(CLI::Range(1, 64))

@@ -378,6 +378,35 @@ int f32_to_bf16_launch(const float* x, int64_t count, uint16_t* out, CUstream_st
   return cudaGetLastError();
 }
 
+// One thread per 16-byte chunk (8 bf16) of an output row when dim % 8 == 0 and both tensors are
+// 16-byte aligned, else per element.
+template <bool kVec>
+__global__ void gather_rows_bf16_kernel(const uint16_t* __restrict__ x, const int32_t* __restrict__ rows, int n,
+                                        int64_t dim, uint16_t* __restrict__ out) {
+  const int64_t per_row = kVec ? dim / 8 : dim;
+  const int64_t total = static_cast<int64_t>(n) * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = i - r * per_row;
+    const int64_t src = static_cast<int64_t>(rows[r]) * per_row + c;
+    if constexpr (kVec) {
+      reinterpret_cast<uint4*>(out)[i] = reinterpret_cast<const uint4*>(x)[src];
+    } else {
+      out[i] = x[src];
+    }
+  }
+}
+
+int gather_rows_bf16_launch(const uint16_t* x, const int32_t* rows, int n, int64_t dim, uint16_t* out,
+                            CUstream_st* stream) {
+  if (dim % 8 == 0 && aligned16(x) && aligned16(out)) {
+    gather_rows_bf16_kernel<true><<<grid_for(n * (dim / 8)), kThreads, 0, stream>>>(x, rows, n, dim, out);
+  } else {
+    gather_rows_bf16_kernel<false><<<grid_for(n * dim), kThreads, 0, stream>>>(x, rows, n, dim, out);
+  }
+  return cudaGetLastError();
+}
+
 int argmax_rows_launch(const float* logits, int n, int64_t vocab, int32_t* out, CUstream_st* stream) {
   argmax_rows_kernel<<<n, kArgmaxThreads, 0, stream>>>(logits, vocab, out);
   return cudaGetLastError();

@@ -13,6 +13,8 @@
 //   --GEMM--> delta fp32 [n, h] --> next layer's add_rms_norm
 #pragma once
 #include <cstdint>
+#include <span>
+#include <vector>
 
 struct CUstream_st;
 
@@ -67,6 +69,37 @@ void fill_uniform_bf16(uint16_t* data, int64_t count, float lo, float hi, uint64
 void prefill_attention(const uint16_t* q, const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* key_slots,
                        int64_t num_keys, int n, int num_q_heads, int num_kv_heads, int head_dim, float sm_scale,
                        uint16_t* out, Stream stream);
+
+// Batched (varlen) causal prefill attention: S sequences packed row-wise in q / out, each with the
+// contract of prefill_attention for its own rows and keys. Host arrays (validated here) and their
+// device copies (same values; the kernel reads those):
+//   seq_rows [S + 1]   sequence s owns rows [seq_rows[s], seq_rows[s+1]) of q / out; seq_rows[0] = 0,
+//                      non-decreasing (empty sequences allowed); n = seq_rows[S] rows in all.
+//   seq_keys [S + 1]   its keys are key_slots[seq_keys[s] .. seq_keys[s+1]) (context, then its own
+//                      new tokens' slots), at least as many as its rows; seq_keys[0] = 0.
+//   blocks [2 B]       (sequence, first row within it) of every kPrefillBlockRows-row query block:
+//                      prefill_varlen_blocks() builds them, heaviest first.
+// simple = true runs the fp32 one-warp-per-(query, head) kernel instead (tests, second opinion).
+inline constexpr int kPrefillBlockRows = 64;
+struct PrefillVarlen {
+  const int32_t* seq_rows = nullptr;    // host [S + 1]
+  const int32_t* seq_keys = nullptr;    // host [S + 1]
+  const int32_t* blocks = nullptr;      // host [2 B]
+  int num_seqs = 0;                     // S
+  int num_blocks = 0;                   // B
+  const int32_t* d_seq_rows = nullptr;  // device copies of the three arrays
+  const int32_t* d_seq_keys = nullptr;
+  const int32_t* d_blocks = nullptr;
+};
+// Blocks of prefill_attention_varlen for these sequences, heaviest (most keys) first: [2 B].
+std::vector<int32_t> prefill_varlen_blocks(std::span<const int32_t> seq_rows, std::span<const int32_t> seq_keys);
+void prefill_attention_varlen(const uint16_t* q, const uint16_t* k_pool, const uint16_t* v_pool,
+                              const int32_t* key_slots, const PrefillVarlen& v, int num_q_heads, int num_kv_heads,
+                              int head_dim, float sm_scale, uint16_t* out, Stream stream, bool simple = false);
+
+// out[i, :] = x[rows[i], :] for i < n: bf16 rows [*, dim] gathered by the device index list rows [n]
+// (every index must be a valid row of x; the caller checks them).
+void gather_rows_bf16(const uint16_t* x, const int32_t* rows, int n, int64_t dim, uint16_t* out, Stream stream);
 
 }  // namespace fasttree::cuda_ops
 

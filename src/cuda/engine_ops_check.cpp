@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/engine_ops.h"
@@ -196,6 +197,94 @@ void prefill_attention_simple(const uint16_t* q, const uint16_t* k_pool, const u
   check_prefill(q, k_pool, v_pool, key_slots, num_keys, n, num_q_heads, num_kv_heads, head_dim, sm_scale, out, op);
   const PrefillParams p{q, k_pool, v_pool, key_slots, num_keys, n, num_q_heads, num_kv_heads, head_dim, sm_scale, out};
   launched(prefill_attention_simple_launch(p, stream), op);
+}
+
+std::vector<int32_t> prefill_varlen_blocks(std::span<const int32_t> seq_rows, std::span<const int32_t> seq_keys) {
+  const char* op = "prefill_varlen_blocks";
+  check(!seq_rows.empty() && seq_rows.size() == seq_keys.size(), op,
+        "seq_rows and seq_keys must both hold S + 1 entries (" + str(static_cast<int64_t>(seq_rows.size())) + " vs " +
+            str(static_cast<int64_t>(seq_keys.size())) + ")");
+  struct Block {
+    int64_t last_key;
+    int32_t seq, row;
+  };
+  std::vector<Block> blocks;
+  for (size_t s = 0; s + 1 < seq_rows.size(); ++s) {
+    const int32_t n = seq_rows[s + 1] - seq_rows[s];
+    const int64_t ctx = int64_t{seq_keys[s + 1]} - seq_keys[s] - n;
+    for (int32_t r = 0; r < n; r += kPrefillBlockRows)
+      blocks.push_back({ctx + std::min(n, r + kPrefillBlockRows), static_cast<int32_t>(s), r});
+  }
+  std::stable_sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.last_key > b.last_key; });
+  std::vector<int32_t> out;
+  out.reserve(2 * blocks.size());
+  for (const Block& b : blocks) {
+    out.push_back(b.seq);
+    out.push_back(b.row);
+  }
+  return out;
+}
+
+void prefill_attention_varlen(const uint16_t* q, const uint16_t* k_pool, const uint16_t* v_pool,
+                              const int32_t* key_slots, const PrefillVarlen& v, int num_q_heads, int num_kv_heads,
+                              int head_dim, float sm_scale, uint16_t* out, Stream stream, bool simple) {
+  const char* op = simple ? "prefill_attention_varlen(simple)" : "prefill_attention_varlen";
+  check(v.num_seqs >= 0 && v.num_blocks >= 0, op, "negative sequence or block count");
+  if (v.num_seqs == 0) return;
+  non_null(v.seq_rows, op, "seq_rows");
+  non_null(v.seq_keys, op, "seq_keys");
+  non_null(v.d_seq_rows, op, "d_seq_rows");
+  non_null(v.d_seq_keys, op, "d_seq_keys");
+  check(v.seq_rows[0] == 0 && v.seq_keys[0] == 0, op, "seq_rows[0] and seq_keys[0] must be 0");
+  std::vector<int32_t> covered(static_cast<size_t>(v.num_seqs), 0);
+  for (int s = 0; s < v.num_seqs; ++s) {
+    const int64_t n = int64_t{v.seq_rows[s + 1]} - v.seq_rows[s];
+    const int64_t keys = int64_t{v.seq_keys[s + 1]} - v.seq_keys[s];
+    check(n >= 0 && keys >= 0, op, "seq_rows / seq_keys decrease at sequence " + str(s));
+    check(keys >= n, op, "sequence " + str(s) + " has " + str(keys) + " keys for " + str(n) +
+                             " rows (the new tokens are keys too)");
+    check(keys <= INT_MAX - 64, op, "sequence " + str(s) + " has too many keys");
+  }
+  const int n = v.seq_rows[v.num_seqs];
+  if (n == 0) return;
+  const int64_t total_keys = v.seq_keys[v.num_seqs];
+  if (!simple)
+    check(head_dim == 64 || head_dim == 128 || head_dim == 256, op, "head_dim " + str(head_dim) + " is not 64, 128 or 256");
+  else
+    check(head_dim > 0 && head_dim % 32 == 0 && head_dim <= 256, op,
+          "head_dim " + str(head_dim) + " is not a positive multiple of 32 up to 256");
+  check_prefill(q, k_pool, v_pool, key_slots, total_keys, n, num_q_heads, num_kv_heads, head_dim, sm_scale, out, op);
+  non_null(v.blocks, op, "blocks");
+  non_null(v.d_blocks, op, "d_blocks");
+  for (int b = 0; b < v.num_blocks; ++b) {
+    const int s = v.blocks[2 * b], r = v.blocks[2 * b + 1];
+    check(s >= 0 && s < v.num_seqs, op, "block " + str(b) + " names sequence " + str(s) + " of " + str(v.num_seqs));
+    check(r >= 0 && r % kPrefillBlockRows == 0 && r < v.seq_rows[s + 1] - v.seq_rows[s], op,
+          "block " + str(b) + " starts at row " + str(r) + ", not a block of sequence " + str(s));
+    covered[static_cast<size_t>(s)] += std::min(kPrefillBlockRows, v.seq_rows[s + 1] - v.seq_rows[s] - r);
+  }
+  for (int s = 0; s < v.num_seqs; ++s)
+    check(covered[static_cast<size_t>(s)] == v.seq_rows[s + 1] - v.seq_rows[s], op,
+          "the blocks cover " + str(covered[static_cast<size_t>(s)]) + " rows of sequence " + str(s) + ", which has " +
+              str(v.seq_rows[s + 1] - v.seq_rows[s]));
+  PrefillParams p{q, k_pool, v_pool, key_slots, total_keys, n, num_q_heads, num_kv_heads, head_dim, sm_scale, out};
+  p.seq_rows = v.d_seq_rows;
+  p.seq_keys = v.d_seq_keys;
+  p.blocks = v.d_blocks;
+  p.num_seqs = v.num_seqs;
+  p.num_blocks = v.num_blocks;
+  launched(simple ? prefill_attention_simple_launch(p, stream) : prefill_attention_launch(p, stream), op);
+}
+
+void gather_rows_bf16(const uint16_t* x, const int32_t* rows_, int n, int64_t dim, uint16_t* out, Stream stream) {
+  const char* op = "gather_rows_bf16";
+  if (!rows(n, op)) return;
+  positive(dim, op, "dim");
+  fits(n, dim, op);
+  non_null(x, op, "x");
+  non_null(rows_, op, "rows");
+  non_null(out, op, "out");
+  launched(gather_rows_bf16_launch(x, rows_, n, dim, out, stream), op);
 }
 
 }  // namespace fasttree::cuda_ops

@@ -20,6 +20,8 @@ int silu_mul_launch(const uint16_t* gate_up, int n, int64_t inter, uint16_t* out
 int add_bias_launch(float* x, const float* bias, int n, int64_t dim, CUstream_st* stream);
 int f32_to_bf16_launch(const float* x, int64_t count, uint16_t* out, CUstream_st* stream);
 int argmax_rows_launch(const float* logits, int n, int64_t vocab, int32_t* out, CUstream_st* stream);
+int gather_rows_bf16_launch(const uint16_t* x, const int32_t* rows, int n, int64_t dim, uint16_t* out,
+                            CUstream_st* stream);
 int fill_uniform_bf16_launch(uint16_t* data, int64_t count, float lo, float hi, uint64_t seed, CUstream_st* stream);
 
 // Prefill attention (prefill_attention.cu): the tensor-core kernel (head_dim 64/128/256) and the
@@ -36,6 +38,15 @@ struct PrefillParams {
   int head_dim;
   float sm_scale;
   uint16_t* out;  // bf16 [n, Hq, d]
+  // Batched (varlen) form when blocks != nullptr (cuda/engine_ops.h prefill_attention_varlen):
+  // sequence s owns rows [seq_rows[s], seq_rows[s+1]) of q / out and keys key_slots[seq_keys[s] ..
+  // seq_keys[s+1]); grid.y = num_blocks 64-row query blocks (sequence, first row) = blocks[2 b ..];
+  // n = all rows, num_keys = all keys. Device arrays.
+  const int32_t* seq_rows = nullptr;
+  const int32_t* seq_keys = nullptr;
+  const int32_t* blocks = nullptr;
+  int num_seqs = 0;
+  int num_blocks = 0;
 };
 int prefill_attention_launch(const PrefillParams& p, CUstream_st* stream);
 int prefill_attention_simple_launch(const PrefillParams& p, CUstream_st* stream);

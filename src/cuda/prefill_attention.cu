@@ -1,6 +1,6 @@
 // Launcher of the tensor-core prefill attention kernel (prefill_attention.cuh). Pointers that are
-// not 16-byte aligned (the kernel's cp.async / vector stores need it), and n > 65535 * 64, take the
-// simple kernel.
+// not 16-byte aligned (the kernel's cp.async / vector stores need it), and more than 65535 query
+// blocks, take the simple kernel.
 #include <atomic>
 #include <cuda_runtime.h>
 
@@ -32,7 +32,7 @@ int prepare() {
 template <int D>
 int launch(const PrefillParams& p, CUstream_st* stream) {
   if (const int err = prepare<D>(); err != cudaSuccess) return err;
-  const int blocks = (p.n + PrefillConfig<D>::kM - 1) / PrefillConfig<D>::kM;
+  const int blocks = p.blocks != nullptr ? p.num_blocks : (p.n + PrefillConfig<D>::kM - 1) / PrefillConfig<D>::kM;
   if (blocks > 65535) return prefill_attention_simple_launch(p, stream);  // grid.y limit: n > 4M
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
   prefill_attention_kernel<D><<<dim3(p.num_q_heads, blocks), PrefillConfig<D>::kThreads, PrefillConfig<D>::kSmemBytes,

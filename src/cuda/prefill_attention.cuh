@@ -13,6 +13,9 @@
 //   the log2 domain (scale * log2(e) folded, masked scores -inf, all -inf cases guarded),
 //   O += P V (P re-packed to bf16 from the S accumulators, V via ldmatrix.trans).
 //   Epilogue: O / l -> bf16 into the warp's own rows of the Q tile in shared, then 16-byte stores.
+// Varlen (PrefillParams::blocks set): several sequences packed row-wise; blockIdx.y indexes the
+// host-built (sequence, first row) block list, heaviest first, and each block reads its own
+// sequence's rows, keys and output rows; everything else is as above.
 // Keys beyond num_keys are zero-filled (never garbage that could be NaN) and masked.
 // Shared memory: Q [kM][D] + K [2][kN][D] + V [2][kN][D] bf16: d 64: 40 KB, d 128: 80 KB,
 // d 256 (kN = 32): 96 KB.
@@ -63,21 +66,37 @@ __global__ void __launch_bounds__(128) prefill_attention_kernel(PrefillParams p,
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.x;
   const int kvh = h / (p.num_q_heads / p.num_kv_heads);
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kM;
-  const int n = p.n;
-  const int num_keys = static_cast<int>(p.num_keys);
+  const int64_t q_stride = static_cast<int64_t>(p.num_q_heads) * D;   // elements per token row of q / out
+  const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;  // elements per pool slot
+  // This block's sequence: the whole call, or (varlen) blocks[blockIdx.y]'s sequence.
+  int q0, n, num_keys;
+  const int32_t* key_slots = p.key_slots;
+  const uint16_t* qg = p.q;
+  uint16_t* og = p.out;
+  if (p.blocks != nullptr) {
+    const int seq = p.blocks[2 * blockIdx.y];
+    q0 = p.blocks[2 * blockIdx.y + 1];
+    const int r0 = p.seq_rows[seq], k0 = p.seq_keys[seq];
+    n = p.seq_rows[seq + 1] - r0;
+    num_keys = p.seq_keys[seq + 1] - k0;
+    key_slots += k0;
+    qg += r0 * q_stride;
+    og += r0 * q_stride;
+  } else {
+    q0 = (gridDim.y - 1 - blockIdx.y) * kM;
+    n = p.n;
+    num_keys = static_cast<int>(p.num_keys);
+  }
   const int ctx = num_keys - n;
   const int rows = min(kM, n - q0);
   const int block_last_key = ctx + q0 + rows - 1;  // inclusive
   const int ntiles = block_last_key / kN + 1;
-  const int64_t q_stride = static_cast<int64_t>(p.num_q_heads) * D;   // elements per token row of q / out
-  const int64_t kv_stride = static_cast<int64_t>(p.num_kv_heads) * D;  // elements per pool slot
 
   // Q tile -> shared (rows beyond n: zeros).
   for (int idx = tid; idx < kM * kChunks; idx += Cfg::kThreads) {
     const int r = idx / kChunks, c = idx - r * kChunks;
     const bool ok = r < rows;
-    const uint16_t* src = ok ? p.q + (q0 + r) * q_stride + static_cast<int64_t>(h) * D + c * 8 : p.q;
+    const uint16_t* src = ok ? qg + (q0 + r) * q_stride + static_cast<int64_t>(h) * D + c * 8 : p.q;
     cp_async_16(smem_addr(sq + swz<D>(r, c * 8)), src, ok ? 16u : 0u);
   }
   auto load_kv = [&](int tile, int stage) {
@@ -87,7 +106,7 @@ __global__ void __launch_bounds__(128) prefill_attention_kernel(PrefillParams p,
       const int r = idx / kChunks, c = idx - r * kChunks;
       const int key = tile * kN + r;
       const bool ok = key < num_keys;
-      const int64_t off = ok ? static_cast<int64_t>(p.key_slots[key]) * kv_stride + static_cast<int64_t>(kvh) * D + c * 8 : 0;
+      const int64_t off = ok ? static_cast<int64_t>(key_slots[key]) * kv_stride + static_cast<int64_t>(kvh) * D + c * 8 : 0;
       const int e = swz<D>(r, c * 8);
       cp_async_16(smem_addr(dk + e), p.k_pool + off, ok ? 16u : 0u);
       cp_async_16(smem_addr(dv + e), p.v_pool + off, ok ? 16u : 0u);
@@ -245,7 +264,7 @@ __global__ void __launch_bounds__(128) prefill_attention_kernel(PrefillParams p,
     const int r = idx / kChunks, c = idx - r * kChunks;
     const int qi = wr0 + r;
     if (qi < n) {
-      *reinterpret_cast<uint4*>(p.out + qi * q_stride + static_cast<int64_t>(h) * D + c * 8) =
+      *reinterpret_cast<uint4*>(og + qi * q_stride + static_cast<int64_t>(h) * D + c * 8) =
           *reinterpret_cast<const uint4*>(sq + swz<D>(warp * 16 + r, c * 8));
     }
   }

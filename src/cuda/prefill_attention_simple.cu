@@ -20,10 +20,26 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_simple_kernel(PrefillPara
   const int lane = threadIdx.x % 32;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // query * Hq + head
   if (item >= static_cast<int64_t>(p.n) * p.num_q_heads) return;
-  const int i = static_cast<int>(item / p.num_q_heads);
-  const int h = static_cast<int>(item - static_cast<int64_t>(i) * p.num_q_heads);
+  const int row = static_cast<int>(item / p.num_q_heads);  // row of q / out
+  const int h = static_cast<int>(item - static_cast<int64_t>(row) * p.num_q_heads);
   const int kvh = h / (p.num_q_heads / p.num_kv_heads);
-  const int64_t ctx = p.num_keys - p.n;
+  // Row `row` is query i of its sequence: the whole call, or (varlen) the sequence s with
+  // seq_rows[s] <= row < seq_rows[s + 1] (binary search; empty sequences are skipped over).
+  int i = row;
+  int64_t n = p.n, num_keys = p.num_keys;
+  const int32_t* key_slots = p.key_slots;
+  if (p.blocks != nullptr) {
+    int lo = 0, hi = p.num_seqs - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.seq_rows[mid] <= row) lo = mid; else hi = mid - 1;
+    }
+    i = row - p.seq_rows[lo];
+    n = p.seq_rows[lo + 1] - p.seq_rows[lo];
+    num_keys = p.seq_keys[lo + 1] - p.seq_keys[lo];
+    key_slots += p.seq_keys[lo];
+  }
+  const int64_t ctx = num_keys - n;
   const int64_t keys = ctx + i + 1;  // keys [0, ctx + i]
 
   float q[kPer], o[kPer];
@@ -35,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_simple_kernel(PrefillPara
   }
   float m = -INFINITY, l = 0.0f;
   for (int64_t j0 = 0; j0 < keys; j0 += 32) {
-    const int my_slot = j0 + lane < keys ? p.key_slots[j0 + lane] : 0;
+    const int my_slot = j0 + lane < keys ? key_slots[j0 + lane] : 0;
     const int cnt = static_cast<int>(keys - j0 < 32 ? keys - j0 : 32);
     for (int jj = 0; jj < cnt; ++jj) {
       const int64_t slot = __shfl_sync(0xffffffffu, my_slot, jj);

@@ -16,6 +16,7 @@
 // the pool) -> attention -> O GEMM (+ bias) -> add_rms_norm (residual add) -> gate_up GEMM ->
 // silu_mul -> down GEMM; then the final norm and the LM head (cuda/gemm.h, cuBLAS, fp32 accumulate).
 //
+// prefill_batch: several sequences, token-packed into chunks (gpu_model_prefill.cpp).
 // prefill: one sequence, in chunks of options.prefill_chunk tokens (chunk c attends causally to the
 //   cached context, the earlier chunks and itself: cuda_ops::prefill_attention over the key list
 //   context_slots ++ slots); the final norm and LM head run on the last row only (every row when
@@ -130,6 +131,10 @@ class GpuModel final : public DecoderModel {
   std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                              std::span<const int32_t> slots, std::span<const int32_t> context_slots,
                              bool all_logits = false) override;
+  // Batched prefill (model.h): token-packed chunks of prefill_chunk rows, varlen attention, one
+  // LM-head GEMM per chunk (gpu_model_prefill.cpp). Also rejects a slot written by two sequences and
+  // a context slot written by the same or a later sequence of the batch.
+  std::vector<float> prefill_batch(std::span<const PrefillSeq> seqs) override;
   std::vector<float> decode(const DecodeBatch& batch, DecodeAttention attention = DecodeAttention::kFastTree) override;
   std::vector<int32_t> decode_greedy(const DecodeBatch& batch,
                                      DecodeAttention attention = DecodeAttention::kFastTree) override;

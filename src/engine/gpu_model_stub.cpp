@@ -30,6 +30,7 @@ std::vector<float> GpuModel::prefill(std::span<const int32_t>, std::span<const i
                                      std::span<const int32_t>, bool) {
   not_built();
 }
+std::vector<float> GpuModel::prefill_batch(std::span<const PrefillSeq>) { not_built(); }
 std::vector<float> GpuModel::decode(const DecodeBatch&, DecodeAttention) { not_built(); }
 std::vector<int32_t> GpuModel::decode_greedy(const DecodeBatch&, DecodeAttention) { not_built(); }
 void GpuModel::set_profiling(bool) { not_built(); }

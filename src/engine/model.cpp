@@ -16,4 +16,17 @@ std::vector<int32_t> DecoderModel::decode_greedy(const DecodeBatch& batch, Decod
   return tokens;
 }
 
+std::vector<float> DecoderModel::prefill_batch(std::span<const PrefillSeq> seqs) {
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  std::vector<float> out;
+  out.reserve(seqs.size() * vocab);
+  for (const PrefillSeq& s : seqs) {
+    const std::vector<float> logits = prefill(s.tokens, s.positions, s.slots, s.context_slots);
+    FT_CHECK(logits.size() == vocab, "prefill_batch: model returned " + std::to_string(logits.size()) +
+                                         " logits for one sequence, expected " + std::to_string(vocab));
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
+}
+
 }  // namespace fasttree

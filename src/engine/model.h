@@ -3,7 +3,7 @@
 //
 // The model owns a KV pool of num_slots() token slots per layer; the scheduler hands slots out
 // (core/slot_pool) and tells the model where each token's K/V goes.
-//   prefill: new tokens of ONE sequence at `positions`, K/V written to `slots`, attending causally
+//   prefill: new tokens of ONE sequence (prefill_batch: several, computed together) at `positions`, K/V written to `slots`, attending causally
 //            to the cached `context_slots` (already in the pool) followed by the new tokens.
 //   decode:  one new token per sequence; `tree` gives each sequence's whole context as a root ->
 //            node path ending with its own new slot. When `plan` is set (FastTree attention) it is
@@ -36,6 +36,17 @@ struct DecodeTimes {
   double comm_ms = 0;       // tensor-parallel all-reduces (GPU TP model; not part of other_ms)
 };
 
+// One sequence of a batched prefill (DecoderModel::prefill_batch): new `tokens` at `positions`, K/V
+// written to `slots`, attending causally to `context_slots` followed by its own new tokens. A
+// sequence's context may hold slots that an EARLIER sequence of the same batch writes (a prompt
+// sharing the prefix another request of the batch computes): sequences are computed in order.
+struct PrefillSeq {
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> positions;
+  std::span<const int32_t> slots;
+  std::span<const int32_t> context_slots;
+};
+
 struct DecodeBatch {
   std::span<const int32_t> tokens;     // [B] input token of each request
   std::span<const int32_t> positions;  // [B] its position (RoPE)
@@ -53,6 +64,10 @@ class DecoderModel {
   virtual std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                      std::span<const int32_t> slots, std::span<const int32_t> context_slots,
                                      bool all_logits = false) = 0;
+  // Logits [S, V]: the last new token's row of each sequence, as if prefill() ran on each in order
+  // (new slots distinct across the batch). Default: one prefill() per sequence; the GPU model
+  // computes the whole batch's tokens together (token-packed chunks, one LM-head GEMM per chunk).
+  virtual std::vector<float> prefill_batch(std::span<const PrefillSeq> seqs);
   // Logits [B, V].
   virtual std::vector<float> decode(const DecodeBatch& batch,
                                     DecodeAttention attention = DecodeAttention::kFastTree) = 0;

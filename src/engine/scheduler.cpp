@@ -19,6 +19,8 @@ std::string num(int64_t v) { return std::to_string(v); }
 Scheduler::Scheduler(DecoderModel& model, SchedulerOptions options)
     : model_(model), options_(options), pool_(model.num_slots()), cache_(pool_), planner_(options.planner) {
   FT_CHECK(options_.max_running > 0, "scheduler: max_running must be positive, got " + num(options_.max_running));
+  FT_CHECK(options_.max_prefill_tokens > 0,
+           "scheduler: max_prefill_tokens must be positive, got " + num(options_.max_prefill_tokens));
 }
 
 int64_t Scheduler::submit(GenerationRequest request) {
@@ -88,7 +90,7 @@ void Scheduler::ensure_free(int64_t n) {
 bool Scheduler::admit(Group& group) {
   const GenerationRequest& req = group.request;
   const int64_t p = static_cast<int64_t>(req.prompt.size());
-  if (static_cast<int64_t>(running_.size()) + req.n > options_.max_running) return false;
+  if (static_cast<int64_t>(running_.size()) + pending_seqs_ + req.n > options_.max_running) return false;
   const std::span<const int32_t> prompt(req.prompt);
   // The last prompt token is always computed: its logits give the first generated token.
   RadixCache::MatchResult m = cache_.match_prefix(prompt.first(static_cast<size_t>(p - 1)));
@@ -101,41 +103,82 @@ bool Scheduler::admit(Group& group) {
     return false;
   }
   ensure_free(compute);
-  const std::vector<int32_t> new_slots = pool_.alloc(compute);
-  std::vector<int32_t> positions(static_cast<size_t>(compute));
-  for (int64_t i = 0; i < compute; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(m.length + i);
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<float> logits =
-      model_.prefill(prompt.subspan(static_cast<size_t>(m.length)), positions, new_slots, m.slots);
-  stats_.prefill_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  ++stats_.prefill_calls;
-  stats_.prefill_tokens += compute;
+  PendingPrefill pend;
+  pend.group = &group;
+  pend.offset = m.length;
+  pend.new_slots = pool_.alloc(compute);
+  pend.positions.resize(static_cast<size_t>(compute));
+  for (int64_t i = 0; i < compute; ++i) pend.positions[static_cast<size_t>(i)] = static_cast<int32_t>(m.length + i);
+  pend.context_slots = m.slots;
   stats_.prompt_tokens += p;
   stats_.cached_prompt_tokens += m.length;
   group.result.cached_tokens = m.length;
 
+  // Into the cache now: a later request of the same batch reuses this prompt's prefix (its K/V is
+  // computed by the batch's prefill, in order, before anything else reads it).
   std::vector<int32_t> all_slots = std::move(m.slots);
-  all_slots.insert(all_slots.end(), new_slots.begin(), new_slots.end());
+  all_slots.insert(all_slots.end(), pend.new_slots.begin(), pend.new_slots.end());
   const RadixCache::InsertResult ins = cache_.insert(prompt, all_slots);
   // Positions the cache already held (beyond the match: the last token of a fully cached prompt)
-  // keep the cache's slots; our duplicates go back to the pool.
-  if (ins.cached_prefix > m.length)
-    pool_.free(std::span<const int32_t>(new_slots).first(static_cast<size_t>(ins.cached_prefix - m.length)));
+  // keep the cache's slots; our duplicates are still written by the prefill, so they go back to the
+  // pool only after it.
+  if (ins.cached_prefix > m.length) {
+    const auto dup = std::span<const int32_t>(pend.new_slots).first(static_cast<size_t>(ins.cached_prefix - m.length));
+    deferred_free_.insert(deferred_free_.end(), dup.begin(), dup.end());
+  }
   for (int i = 0; i < req.n; ++i) cache_.lock(ins.node);
   cache_.unlock(m.node);
-
+  pend.node = ins.node;
   group.unfinished = req.n;
-  for (int i = 0; i < req.n; ++i) {
+  reserved_ += int64_t{req.n} * (req.max_new_tokens - 1);
+  pending_tokens_ += compute;
+  pending_seqs_ += req.n;
+  pending_.push_back(std::move(pend));
+  return true;
+}
+
+void Scheduler::flush_prefill() {
+  if (pending_.empty()) return;
+  std::vector<PrefillSeq> seqs;
+  seqs.reserve(pending_.size());
+  for (const PendingPrefill& p : pending_) {
+    const std::span<const int32_t> prompt(p.group->request.prompt);
+    seqs.push_back({prompt.subspan(static_cast<size_t>(p.offset)), p.positions, p.new_slots, p.context_slots});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<float> logits = model_.prefill_batch(seqs);
+  stats_.prefill_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++stats_.prefill_calls;
+  stats_.prefill_tokens += pending_tokens_;
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  FT_CHECK(logits.size() == pending_.size() * vocab,
+           "scheduler: model returned " + num(static_cast<int64_t>(logits.size())) + " prefill logits for " +
+               num(static_cast<int64_t>(pending_.size())) + " sequences");
+  pool_.free(deferred_free_);
+  deferred_free_.clear();
+  std::vector<PendingPrefill> batch = std::move(pending_);
+  pending_.clear();
+  pending_tokens_ = 0;
+  pending_seqs_ = 0;
+  for (size_t i = 0; i < batch.size(); ++i) start_group(batch[i], std::span<const float>(logits).subspan(i * vocab, vocab));
+}
+
+void Scheduler::start_group(const PendingPrefill& p, std::span<const float> logits) {
+  Group& group = *p.group;
+  const GenerationRequest& req = group.request;
+  const int64_t plen = static_cast<int64_t>(req.prompt.size());
+  // The group may finish (and be destroyed) with its last sample: nothing reads it after that.
+  const int n = req.n;
+  for (int i = 0; i < n; ++i) {
     auto seq = std::make_unique<Sequence>();
     seq->group = &group;
     seq->sample = i;
-    seq->node = ins.node;
-    seq->prompt_len = p;
-    seq->reserve_left = req.max_new_tokens - 1;
+    seq->node = p.node;
+    seq->prompt_len = plen;
+    seq->reserve_left = req.max_new_tokens - 1;  // already counted in reserved_ by admit()
     SamplingParams sp = req.sampling;
     sp.seed = req.sampling.seed + static_cast<uint64_t>(i);
     seq->sampler = std::make_unique<Sampler>(sp);
-    reserved_ += seq->reserve_left;
     sample_into(*seq, logits);
     if (is_done(*seq)) {
       finish(*seq);
@@ -144,7 +187,6 @@ bool Scheduler::admit(Group& group) {
       batch_changed_ = true;
     }
   }
-  return true;
 }
 
 void Scheduler::sample_into(Sequence& seq, std::span<const float> logits) {
@@ -296,14 +338,19 @@ bool Scheduler::step() {
   while (!waiting_.empty()) {
     Group& g = *waiting_.front();
     if (!admit(g)) {
+      if (!pending_.empty()) {  // settle the batch first (its samples may finish at once), then retry
+        flush_prefill();
+        continue;
+      }
       if (static_cast<int64_t>(running_.size()) + g.request.n <= options_.max_running) ++stats_.admission_waits;
       FT_CHECK(!running_.empty(), "scheduler: request " + num(g.id) + " cannot be admitted into an idle engine");
       break;
     }
-    std::unique_ptr<Group> owned = std::move(waiting_.front());
+    active_.push_back(std::move(waiting_.front()));  // finish_group_if_done() removes it again
     waiting_.pop_front();
-    if (owned->unfinished > 0) active_.push_back(std::move(owned));  // else finished during admission
+    if (pending_tokens_ >= options_.max_prefill_tokens) flush_prefill();
   }
+  flush_prefill();
   if (!running_.empty()) decode_step();
   return true;
 }

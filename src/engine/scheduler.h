@@ -9,9 +9,13 @@
 //      tokens; if not, unlock and wait (the head of the queue blocks the rest) until running
 //      sequences finish. Reserving a request's worst case up front means a running sequence never
 //      lacks a slot: nothing is preempted and nothing crashes;
-//   3. evict (LRU, unlocked leaves first) as needed, allocate, prefill only the uncached tokens,
-//      insert the prompt into the cache and lock its node once per sample;
-//   4. fork it into n sequences that share the prompt's cache nodes, each sampling its first
+//   3. evict (LRU, unlocked leaves first) as needed, allocate slots for the uncached tokens, insert
+//      the prompt into the cache and lock its node once per sample (its K/V is computed below, in
+//      this same step, before anything reads it), and join the pending prefill batch;
+//   4. batched prefill: the pending requests' uncached tokens go to the model in ONE prefill_batch
+//      call (in admission order, so a request may attend to a prefix that an earlier request of the
+//      batch computes) once the batch holds max_prefill_tokens tokens, and when admission stops;
+//   5. fork each into n sequences that share the prompt's cache nodes, each sampling its first
 //      token from the prompt's last logits with its own Sampler (sample i: seed + i).
 // A decode step feeds every running sequence's last token: one new slot each, appended to the
 // sequence's private tail. When the set of running sequences is the one of the previous step, the
@@ -76,6 +80,9 @@ struct SchedulerOptions {
   PathSharing sharing = PathSharing::kShared;           // kPerRequest: per-request attention baseline
   PlannerConfig planner;
   bool cache_generated = true;  // finished sequences' tokens stay in the prefix cache
+  // A batched prefill is sent to the model once the pending admissions hold at least this many
+  // uncached tokens (and whenever admission stops). 1: one request per prefill call.
+  int64_t max_prefill_tokens = 8192;
   bool extend_plans = true;     // false: rebuild the tree and re-plan every decode step
   // Optional observer of the logits behind every generated token (the prefill's last row for a
   // sample's first token, its decode row for the others), called before the token is chosen. When
@@ -90,7 +97,7 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;         // Σ prompt lengths of admitted requests
   int64_t cached_prompt_tokens = 0;  // of those, reused from the cache
   int64_t prefill_tokens = 0;        // tokens computed by prefill
-  int64_t prefill_calls = 0;
+  int64_t prefill_calls = 0;         // model prefill_batch calls (each may hold several requests)
   int64_t decode_steps = 0;
   int64_t decode_tokens = 0;         // Σ batch sizes of the decode steps
   int64_t generated_tokens = 0;
@@ -153,7 +160,17 @@ class Scheduler {
     std::unique_ptr<Sampler> sampler;
   };
 
+  // An admitted request waiting for the batched prefill (step 4 above).
+  struct PendingPrefill {
+    Group* group = nullptr;
+    NodeId node = kRootNode;             // the prompt's cache node, locked once per sample
+    int64_t offset = 0;                  // prompt tokens reused from the cache
+    std::vector<int32_t> positions, new_slots, context_slots;
+  };
+
   bool admit(Group& group);          // false: does not fit now
+  void flush_prefill();              // runs the pending batch (no-op when empty)
+  void start_group(const PendingPrefill& p, std::span<const float> logits);
   void ensure_free(int64_t n);
   void decode_step();
   void sample_into(Sequence& seq, std::span<const float> logits);
@@ -172,7 +189,11 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;   // in batch order
   std::vector<GenerationResult> finished_;
   int64_t next_id_ = 0;
-  int64_t reserved_ = 0;     // Σ reserve_left of running sequences
+  int64_t reserved_ = 0;     // Σ reserve_left of running sequences (+ the pending admissions' reservations)
+  std::vector<PendingPrefill> pending_;
+  int64_t pending_tokens_ = 0;    // Σ uncached tokens of pending_
+  int64_t pending_seqs_ = 0;      // Σ samples of pending_
+  std::vector<int32_t> deferred_free_;  // duplicate slots freed once the pending batch has run
   bool batch_changed_ = true;
   KvTree tree_;
   Plan plan_;

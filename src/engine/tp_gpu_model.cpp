@@ -324,6 +324,16 @@ std::vector<float> TpGpuModel::prefill(std::span<const int32_t> tokens, std::spa
   return out;
 }
 
+std::vector<float> TpGpuModel::prefill_batch(std::span<const PrefillSeq> seqs) {
+  Impl& m = *impl_;
+  std::vector<float> out;
+  m.run([&](int r) {
+    std::vector<float> logits = m.ranks[static_cast<size_t>(r)]->prefill_batch(seqs);
+    if (r == 0) out = std::move(logits);
+  });
+  return out;
+}
+
 std::vector<float> TpGpuModel::decode(const DecodeBatch& batch, DecodeAttention attention) {
   Impl& m = *impl_;
   const auto t0 = Clock::now();

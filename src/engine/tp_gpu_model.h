@@ -84,6 +84,7 @@ class TpGpuModel final : public DecoderModel {
   std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                              std::span<const int32_t> slots, std::span<const int32_t> context_slots,
                              bool all_logits = false) override;
+  std::vector<float> prefill_batch(std::span<const PrefillSeq> seqs) override;  // every rank's prefill_batch
   // batch.plan, when set, must have been built for config().attn_shape() or the rank-local shape.
   std::vector<float> decode(const DecodeBatch& batch, DecodeAttention attention = DecodeAttention::kFastTree) override;
   std::vector<int32_t> decode_greedy(const DecodeBatch& batch,

@@ -37,6 +37,7 @@ std::vector<float> TpGpuModel::prefill(std::span<const int32_t>, std::span<const
                                        std::span<const int32_t>, bool) {
   not_built(0);
 }
+std::vector<float> TpGpuModel::prefill_batch(std::span<const PrefillSeq>) { not_built(0); }
 std::vector<float> TpGpuModel::decode(const DecodeBatch&, DecodeAttention) { not_built(0); }
 std::vector<int32_t> TpGpuModel::decode_greedy(const DecodeBatch&, DecodeAttention) { not_built(0); }
 void TpGpuModel::set_profiling(bool) { not_built(0); }
