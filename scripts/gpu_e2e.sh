@@ -43,7 +43,7 @@ if has tests; then
   run tests 300 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*:Gpu*:CliBenchE2e.Gpu*:CudaAttention.SanitizerSmall'
 fi
 if has sanitize; then
-  run memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*Small*:GpuVsCpu.TreeDecodeBatchesMatchCpu'
+  run memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*Small*:CudaEngineOps.PrefillAttentionVarlen*:CudaEngineOps.GatherRows*:GpuVsCpu.TreeDecodeBatchesMatchCpu:GpuVsCpu.PrefillBatch*'
   run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.PrefillAttentionSmall'
 fi
 if has smoke; then
