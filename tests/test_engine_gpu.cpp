@@ -317,11 +317,13 @@ TEST(GpuVsCpu, PrefillBatchMatchesSequentialPrefills) {
         }
       }
       // A slot written by two sequences; a context slot that a later sequence writes.
-      const std::vector<PrefillSeq> twice = {{t3, p3, s3, {}}, {t1, p1, Vec{95}, {}}};
+      // (The spans of a PrefillSeq do not own their data: every vector is a named local.)
+      const Vec s95 = {95}, ctx_later = {3, 90};
+      const std::vector<PrefillSeq> twice = {{t3, p3, s3, {}}, {t1, p1, s95, {}}};
       expect_error([&] { gpu.prefill_batch(twice); }, {"slot 95", "sequences 0 and 1"});
-      const std::vector<PrefillSeq> later = {{t1, p1, s1, Vec{3, 90}}, {t3, p3, s3, {}}};
+      const std::vector<PrefillSeq> later = {{t1, p1, s1, ctx_later}, {t3, p3, s3, {}}};
       expect_error([&] { gpu.prefill_batch(later); }, {"sequence 0's context slot 90", "sequence 1"});
-      const std::vector<PrefillSeq> empty = {{Vec{}, Vec{}, Vec{}, {}}};
+      const std::vector<PrefillSeq> empty = {{{}, {}, {}, {}}};
       expect_error([&] { gpu.prefill_batch(empty); }, {"sequence 0 has no tokens"});
       EXPECT_TRUE(gpu.prefill_batch({}).empty());
       // The model still works after the errors.
