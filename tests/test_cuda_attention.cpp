@@ -109,14 +109,19 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
   Errors worst;
   // Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
   // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too).
-  for (int mode = 0; mode < 3; ++mode) {
+  // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the warp path.
+  for (int mode = 0; mode < 4; ++mode) {
     const bool fused = mode == 0;
     if (mode == 2 && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
     opt.fuse_merge = fused;
-    opt.warp_unit_max_kv = mode == 2 ? (1 << 30) : 0;
+    opt.warp_unit_max_kv = mode == 2 || (mode == 3 && s.head_dim <= 128) ? (1 << 30) : 0;
     opt.warp_unit_min_units = 0;
     opt.warp_overlap = 1;  // the warp kernel beside the main kernel (side stream)
-    const char* tag = mode == 0 ? " [fused merge]" : (mode == 1 ? " [merge launch]" : " [warp-per-unit + merge launch]");
+    opt.kv_head_major = mode == 3;
+    const char* tag = mode == 0   ? " [fused merge]"
+                      : mode == 1 ? " [merge launch]"
+                      : mode == 2 ? " [warp-per-unit + merge launch]"
+                                  : " [head-major K/V]";
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
     const Errors e = compare(out, lse, ref.out, ref.lse);

@@ -320,8 +320,10 @@ TEST(EngineScheduler, ForkSharesThePromptAndMatchesLoneSamples) {
   ASSERT_TRUE(s.step());  // prefill + first decode step
   EXPECT_EQ(s.num_running(), 4u);
   EXPECT_EQ(s.stats().prefill_tokens, 13);
-  // One copy of the prompt plus one slot per sample.
-  EXPECT_EQ(s.pool().num_used(), 13 + 4);
+  // One copy of the prompt plus each sample's 5 generated-token slots, allocated at admission (one
+  // fed so far per sample).
+  EXPECT_EQ(s.pool().num_used(), 13 + 4 * 5);
+  EXPECT_EQ(s.reserved_slots(), 4 * 4);
   const KvTree& tree = s.last_tree();
   EXPECT_EQ(tree.num_tokens(), 13 + 4);
   EXPECT_EQ(tree.num_queries(), 4);
@@ -332,6 +334,14 @@ TEST(EngineScheduler, ForkSharesThePromptAndMatchesLoneSamples) {
     EXPECT_EQ(tree.node_len(tree.query_node[q]), 1);
   }
   s.check_invariants();
+  ASSERT_TRUE(s.step());
+  ASSERT_TRUE(s.step());
+  // Each sample's generated tokens sit in one run of consecutive slots.
+  for (int q = 0; q < 4; ++q) {
+    const auto tail = s.last_tree().node_slots(s.last_tree().query_node[q]);
+    ASSERT_EQ(tail.size(), 3u);
+    for (size_t i = 1; i < tail.size(); ++i) EXPECT_EQ(tail[i], tail[i - 1] + 1) << "sample " << q;
+  }
   while (s.step()) s.check_invariants();
   const auto r = s.take_finished();
   ASSERT_EQ(r.size(), 1u);

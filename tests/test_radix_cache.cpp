@@ -70,6 +70,11 @@ TEST(SlotPool, AllocAndFree) {
   pool.free(a);
   EXPECT_EQ(pool.num_free(), 8);
   EXPECT_FALSE(pool.is_in_use(1));
+  // Freed slots come back in the order they were freed (runs of consecutive slots stay runs).
+  EXPECT_EQ(pool.alloc(3), (Vec{0, 1, 2}));
+  pool.free(Vec{2, 0, 1});
+  EXPECT_EQ(pool.alloc(2), (Vec{2, 0}));
+  pool.free(Vec{2, 0});
   Vec b;
   ASSERT_TRUE(pool.try_alloc(8, b));
   EXPECT_EQ(b.size(), 8u);

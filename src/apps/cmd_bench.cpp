@@ -41,6 +41,7 @@ struct BenchCmd {
   int check_queries = 16;
   bool no_graph = false;
   std::string only;  // substring filter on the cell name
+  std::string kv_layout = "slot";  // slot: [S, Hkv, d]; head: [Hkv, S, d]
 };
 
 using Cell = SuiteCell;
@@ -113,6 +114,7 @@ void run_bench(const BenchCmd& c) {
       topt.iters = c.iters;
       topt.warmup = c.warmup;
       topt.use_graph = !c.no_graph;
+      topt.kv_head_major = c.kv_layout == "head";
       const double ft = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt).median_us;
       const double pr = cuda_time_plan(per_request, cell.tree, cell.shape, dt, topt).median_us;
       const double ng = cuda_time_plan(no_greedy, cell.tree, cell.shape, dt, topt).median_us;
@@ -123,7 +125,7 @@ void run_bench(const BenchCmd& c) {
       double err = NAN;
       bool ok = !std::isnan(ft);
       if (c.check_queries > 0) {
-        const PlanCheckResult chk = check_plan_on_gpu(plan, cell.tree, cell.shape, dt, c.check_queries, 1234);
+        const PlanCheckResult chk = check_plan_on_gpu(plan, cell.tree, cell.shape, dt, c.check_queries, 1234, c.kv_layout == "head");
         err = chk.rel_err();
         ok = ok && err <= (dt == KvDType::kF16 ? 5e-3 : 2e-2) && chk.max_lse_err <= 1e-3;
       }
@@ -176,6 +178,8 @@ void register_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
   cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
+  cmd->add_option("--kv-layout", c->kv_layout, "K/V pool layout: slot ([S, Hkv, d]) or head ([Hkv, S, d], each head's slots contiguous)")
+      ->check(CLI::IsMember({"slot", "head"}))->capture_default_str();
   cmd->callback([c] { run_bench(*c); });
 }
 

@@ -13,8 +13,8 @@
 namespace fasttree {
 
 PlanCheckResult check_plan_on_gpu(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype, int sample,
-                                  uint64_t seed) {
-  const RandomRunResult run = cuda_run_random_inputs(plan, tree, shape, dtype, seed);
+                                  uint64_t seed, bool head_major) {
+  const RandomRunResult run = cuda_run_random_inputs(plan, tree, shape, dtype, seed, head_major);
   const int64_t nq = tree.num_queries(), hq = shape.num_qo_heads;
   const int64_t q_row = hq * shape.head_dim, kv_row = static_cast<int64_t>(shape.num_kv_heads) * shape.head_dim;
   auto to_float = [&](uint16_t x) { return dtype == KvDType::kF16 ? half_to_float(x) : bf16_to_float(x); };

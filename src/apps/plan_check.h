@@ -21,6 +21,6 @@ struct PlanCheckResult {
 
 // sample <= 0 or >= num_queries checks every query.
 PlanCheckResult check_plan_on_gpu(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype, int sample,
-                                  uint64_t seed);
+                                  uint64_t seed, bool head_major = false);
 
 }  // namespace fasttree

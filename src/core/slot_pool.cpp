@@ -50,8 +50,9 @@ void SlotPool::free(std::span<const int32_t> slots) {
     }
     in_use_[s] = 0;
   }
-  // Pass 2: push onto the free list.
-  for (int32_t s : slots) free_list_.push_back(s);
+  // Pass 2: push onto the free list, last slot first: the next alloc hands them out in the order
+  // given (runs of consecutive slots stay runs, which the attention kernels read fastest).
+  for (auto it = slots.rbegin(); it != slots.rend(); ++it) free_list_.push_back(*it);
 }
 
 }  // namespace fasttree

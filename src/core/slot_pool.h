@@ -20,8 +20,9 @@ class SlotPool {
   // success `out` holds exactly the n slots (its capacity is reused, so steady state is
   // allocation-free).
   bool try_alloc(int64_t n, std::vector<int32_t>& out);
-  // Returns slots to the pool. Throws, freeing nothing, if any slot is out of range or not in use
-  // (a double free, also within the same call).
+  // Returns slots to the pool; the next alloc of as many slots returns them in this order. Throws,
+  // freeing nothing, if any slot is out of range or not in use (a double free, also within the same
+  // call).
   void free(std::span<const int32_t> slots);
 
   int32_t num_free() const { return static_cast<int32_t>(free_list_.size()); }

@@ -102,7 +102,17 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   Stream st;
   DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(out.size() * 4), dlse(lse.size() * 4);
   {
-    const std::vector<uint16_t> hq = to_dtype(q, dtype), hk = to_dtype(k, dtype), hv = to_dtype(v, dtype);
+    std::vector<uint16_t> hq = to_dtype(q, dtype), hk = to_dtype(k, dtype), hv = to_dtype(v, dtype);
+    if (options.kv_head_major) {  // [S, Hkv, d] -> [Hkv, S, d]
+      const int64_t hkv = shape.num_kv_heads, d = shape.head_dim;
+      for (std::vector<uint16_t>* x : {&hk, &hv}) {
+        std::vector<uint16_t> y(x->size());
+        for (int64_t s = 0; s < num_slots; ++s)
+          for (int64_t h = 0; h < hkv; ++h)
+            std::copy_n(x->begin() + (s * hkv + h) * d, d, y.begin() + (h * num_slots + s) * d);
+        *x = std::move(y);
+      }
+    }
     if (!hq.empty()) FT_CUDA_CHECK(cudaMemcpy(dq.ptr, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
     if (!hk.empty()) FT_CUDA_CHECK(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
     if (!hv.empty()) FT_CUDA_CHECK(cudaMemcpy(dv.ptr, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
@@ -113,6 +123,10 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
   opt.warp_overlap = options.warp_overlap;
+  if (options.kv_head_major) {
+    opt.kv_layout = KvLayout::kHeadMajor;
+    opt.kv_slots = num_slots;
+  }
   CudaTreeAttention att(shape, dtype, sm_scale, opt);
   att.upload(plan, tree, st.s, num_slots);
   // Poisoned before every repeat, so that a repeat that leaves something unwritten fails too.
@@ -213,6 +227,10 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   opt.warp_unit_min_units = options.warp_unit_min_units;
   opt.warp_overlap = options.warp_overlap;
   opt.run_merge = !options.skip_merge;
+  if (options.kv_head_major) {
+    opt.kv_layout = KvLayout::kHeadMajor;
+    opt.kv_slots = num_slots;
+  }
   CudaTreeAttention att(shape, dtype, 0.0f, opt);
   att.upload(plan, tree, st.s, num_slots);
   auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), dlse.as<float>(), st.s); };

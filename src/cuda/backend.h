@@ -38,6 +38,7 @@ struct CudaRunOptions {
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
   int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
+  bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -70,6 +71,7 @@ struct CudaTimingOptions {
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
   int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
+  bool kv_head_major = false;    // K/V pools laid out [Hkv, S, d] (KvLayout::kHeadMajor)
 };
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                           const CudaTimingOptions& options = {});

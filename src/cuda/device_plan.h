@@ -77,7 +77,7 @@ struct DeviceCounts {
   int32_t num_all_units;  // blocks x kv heads; [num_units, num_all_units) run on the warp-per-unit kernel
 };
 
-// Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] (dtype T), out [Q, Hq, d] fp32,
+// Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] or [Hkv, S, d] (dtype T; kv strides below), out [Q, Hq, d] fp32,
 // lse [Q, Hq] fp32 (may be null), partial [rows, Hq, d] fp32, partial_lse [rows, Hq] fp32.
 struct TreeAttnParams {
   const void* q;
@@ -103,6 +103,10 @@ struct TreeAttnParams {
   int num_kv_heads;
   int gqa;
   float scale_log2;  // sm_scale * log2(e)
+  // K/V element offset of (slot, kv head): slot * kv_row_stride + kv_head * kv_head_stride.
+  // Slot-major [S, Hkv, d]: Hkv * d and d; head-major [Hkv, S, d]: d and S * d.
+  int64_t kv_row_stride;
+  int64_t kv_head_stride;
 };
 
 // Merge kernel: for each non-direct query q = merge_queries[i] and head h, the LSE-weighted

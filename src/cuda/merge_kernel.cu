@@ -11,14 +11,36 @@
 
 namespace fasttree::cuda_detail {
 
-int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream) {
+namespace {
+
+template <int D>
+int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool pdl) {
+  if (!pdl) {
+    merge_kernel<D><<<grid, kMergeThreads, 0, stream>>>(params);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kMergeThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, merge_kernel<D>, params);
+}
+
+}  // namespace
+
+int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl) {
   switch (head_dim) {
-    case 64: merge_kernel<64><<<grid, kMergeThreads, 0, stream>>>(params); break;
-    case 128: merge_kernel<128><<<grid, kMergeThreads, 0, stream>>>(params); break;
-    case 256: merge_kernel<256><<<grid, kMergeThreads, 0, stream>>>(params); break;
+    case 64: return launch_merge<64>(params, grid, stream, pdl);
+    case 128: return launch_merge<128>(params, grid, stream, pdl);
+    case 256: return launch_merge<256>(params, grid, stream, pdl);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 namespace {

@@ -11,11 +11,14 @@
 // lane in flight. Partials are read with ld.global.cg (L2): in the fused merge other CTAs wrote
 // them during this launch, and L1 is not coherent.
 //
-// merge_kernel: the separate launch, grid-stride over (non-direct query, head) jobs.
+// merge_kernel: the separate launch, grid-stride over (non-direct query, head) jobs. It may be
+// launched as a programmatic dependent of the tree kernel (merge_kernel_launch pdl = true): its CTAs
+// are placed as the tree kernel's CTAs retire and wait (griddep_wait) for the partials.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "cuda/device_plan.h"
+#include "cuda/ptx.cuh"
 
 namespace fasttree::cuda_detail {
 
@@ -117,6 +120,7 @@ __device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_ro
 
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
+  griddep_wait();  // launched as a programmatic dependent of the tree kernel: its partials first
   constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;

@@ -88,6 +88,22 @@ __device__ __forceinline__ void prefetch_l2(const void* addr) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with programmatic stream serialization
+// may start while the previous kernel in its stream still runs; griddep_wait() blocks until that
+// kernel has completed and its memory is visible (a no-op for a normal launch), and
+// griddep_launch_dependents() lets the dependent start as soon as every CTA of this grid has
+// issued it (or exited).
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Named barrier among `count` threads (multiple of 32) reached from several code locations (e.g.
 // once in each role branch of a warp-specialized kernel): the non-.aligned form.
 __device__ __forceinline__ void named_barrier_split(int id, int count) {

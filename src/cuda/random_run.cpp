@@ -16,7 +16,7 @@
 namespace fasttree {
 
 #ifndef FASTTREE_HAVE_CUDA
-RandomRunResult cuda_run_random_inputs(const Plan&, const KvTree&, const AttnShape&, KvDType, uint64_t) {
+RandomRunResult cuda_run_random_inputs(const Plan&, const KvTree&, const AttnShape&, KvDType, uint64_t, bool) {
   FT_FAIL("CUDA backend not available: this binary was built without nvcc");
 }
 #else
@@ -42,8 +42,17 @@ struct DeviceArray {
 
 }  // namespace
 
+// [a, b, d] -> [b, a, d].
+static std::vector<uint16_t> swap_outer(const std::vector<uint16_t>& x, int64_t a, int64_t b, int64_t d) {
+  std::vector<uint16_t> y(x.size());
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < b; ++j)
+      std::copy_n(x.begin() + (i * b + j) * d, d, y.begin() + (j * a + i) * d);
+  return y;
+}
+
 RandomRunResult cuda_run_random_inputs(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
-                                       uint64_t seed) {
+                                       uint64_t seed, bool head_major) {
   FT_CHECK(cuda_device_count() > 0, "cuda_run_random_inputs: no CUDA device available");
   shape.validate();
   const int64_t nq = tree.num_queries(), q_row = static_cast<int64_t>(shape.num_qo_heads) * shape.head_dim;
@@ -57,7 +66,12 @@ RandomRunResult cuda_run_random_inputs(const Plan& plan, const KvTree& tree, con
   FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, v.ptr, v.n, seed * 3 + 3, nullptr));
   FT_CUDA_CHECK(cudaMemset(out.ptr, 0xff, static_cast<size_t>(std::max<int64_t>(out.n, 1)) * sizeof(float)));
   FT_CUDA_CHECK(cudaMemset(lse.ptr, 0xff, static_cast<size_t>(std::max<int64_t>(lse.n, 1)) * sizeof(float)));
-  CudaTreeAttention att(shape, dtype);
+  CudaTreeAttentionOptions opt;
+  if (head_major) {
+    opt.kv_layout = KvLayout::kHeadMajor;
+    opt.kv_slots = num_slots;
+  }
+  CudaTreeAttention att(shape, dtype, 0.0f, opt);
   att.upload(plan, tree, nullptr, num_slots);
   att.poison_workspace(nullptr);
   att.run(q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, nullptr);
@@ -68,6 +82,10 @@ RandomRunResult cuda_run_random_inputs(const Plan& plan, const KvTree& tree, con
   r.q = q.to_host();
   r.k = k.to_host();
   r.v = v.to_host();
+  if (head_major) {  // the same random values, read as [Hkv, S, d]: hand them back as [S, Hkv, d]
+    r.k = swap_outer(r.k, shape.num_kv_heads, num_slots, shape.head_dim);
+    r.v = swap_outer(r.v, shape.num_kv_heads, num_slots, shape.head_dim);
+  }
   r.out = out.to_host();
   r.lse = lse.to_host();
   return r;

@@ -18,8 +18,9 @@ struct RandomRunResult {
   std::vector<float> out, lse;    // [Q, Hq, d], [Q, Hq]
 };
 
-// Throws when no CUDA device is usable.
+// Throws when no CUDA device is usable. head_major: the kernels read K/V pools laid out [Hkv, S, d]
+// (KvLayout::kHeadMajor); the result's k and v are converted back to [S, Hkv, d].
 RandomRunResult cuda_run_random_inputs(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
-                                       uint64_t seed);
+                                       uint64_t seed, bool head_major = false);
 
 }  // namespace fasttree

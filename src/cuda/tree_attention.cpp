@@ -83,6 +83,7 @@ struct CudaTreeAttention::Impl {
   int warp_min_units = 0;
   int warp_grid = 0;
   bool warp_overlap = false;  // warp kernel on side_stream beside the main kernel
+  bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
@@ -226,6 +227,14 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
     overlap = env != nullptr ? std::atoi(env) : 1;
   }
   m.warp_overlap = m.warp_max_kv > 0 && overlap != 0;
+  int pdl = options.merge_pdl;
+  if (pdl < 0) {
+    const char* env = std::getenv("FT_MERGE_PDL");
+    pdl = env != nullptr ? std::atoi(env) : 1;
+  }
+  m.merge_pdl = pdl != 0;
+  FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
+           "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
   m.warp_min_units = options.warp_unit_min_units;
   if (m.warp_min_units < 0) {
     const char* env = std::getenv("FT_WARP_MIN_UNITS");
@@ -300,6 +309,13 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     }
     FT_CHECK(t == plan.vnode_len[vn], "CUDA upload: vnode " + str(vn) + " segments cover " + str(t) + " tokens, vnode_len " +
                                           str(plan.vnode_len[vn]));
+  }
+  // Head-major pools hold kv_slots slots per head: a slot beyond would read another head's rows.
+  if (m.options.kv_layout == KvLayout::kHeadMajor) {
+    FT_CHECK(num_slots < 0 || num_slots <= m.options.kv_slots,
+             "CUDA upload: KV pool of " + str(num_slots) + " slots, but the head-major layout has kv_slots " +
+                 str(m.options.kv_slots));
+    if (num_slots < 0) num_slots = m.options.kv_slots;
   }
   if (num_slots >= 0) {
     for (int64_t i = 0; i < ntok; ++i)
@@ -490,6 +506,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
   const Impl& m = *impl_;
   FT_CHECK(m.uploaded, "CudaTreeAttention::run before upload");
   const bool fused = m.fused();
+  bool merge_follows_kernel = false;  // the merge is enqueued right after a kernel on `stream`
   if (m.num_units > 0) {
     TreeAttnParams p{};
     p.q = q;
@@ -512,6 +529,14 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.num_kv_heads = m.shape.num_kv_heads;
     p.gqa = m.shape.gqa();
     p.scale_log2 = m.scale * 1.4426950408889634f;
+    const int64_t d = m.shape.head_dim;
+    if (m.options.kv_layout == KvLayout::kHeadMajor) {
+      p.kv_row_stride = d;
+      p.kv_head_stride = m.options.kv_slots * d;
+    } else {
+      p.kv_row_stride = m.shape.num_kv_heads * d;
+      p.kv_head_stride = d;
+    }
     const bool has_warp = m.num_units > m.num_main_units, has_main = m.num_main_units > 0;
     if (has_warp && has_main && m.warp_overlap) {
       // Fork: the side stream waits for everything enqueued on `stream` so far (uploads, poison),
@@ -526,6 +551,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     } else {
       if (has_warp) FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream));
       if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+      merge_follows_kernel = true;
     }
   }
   if (!fused && m.num_merge > 0 && m.options.run_merge) {
@@ -539,7 +565,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     mp.out = out;
     mp.lse = lse;
     mp.num_qo_heads = m.shape.num_qo_heads;
-    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_grid, stream));
+    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_grid, stream, m.merge_pdl && merge_follows_kernel));
   }
 }
 

@@ -6,7 +6,8 @@
 //   att.run(q, k, v, out, lse, stream);                   // device pointers; capturable in a graph
 //
 // Tensors (device memory, layouts of core/attention_shape.h):
-//   q [Q, Hq, d], k/v [S, Hkv, d] in the dtype given at construction (fp16 or bf16)
+//   q [Q, Hq, d], k/v [S, Hkv, d] (or [Hkv, S, d]: options.kv_layout) in the dtype given at
+//   construction (fp16 or bf16)
 //   out [Q, Hq, d] fp32, lse [Q, Hq] fp32 natural-log LSE (nullptr: not written)
 // Output is fp32 (the partials and the merge are fp32 anyway; a 16-bit output is a later option).
 //
@@ -45,6 +46,13 @@ struct CUstream_st;  // = cudaStream_t
 
 namespace fasttree {
 
+// Layout of the K and V pools run() reads.
+enum class KvLayout {
+  kSlotMajor,  // [S, Hkv, d]: a slot's KV heads side by side (the default)
+  kHeadMajor,  // [Hkv, S, d]: each KV head's slots contiguous (a head's consecutive tokens are
+               // consecutive rows); S = CudaTreeAttentionOptions::kv_slots
+};
+
 struct CudaTreeAttentionOptions {
   bool atomic_scheduler = true;  // CTAs pull units from an atomic counter; false: static round-robin
   int ctas_per_sm = 0;           // persistent CTAs per SM; 0 = as many as fit
@@ -71,6 +79,13 @@ struct CudaTreeAttentionOptions {
   // Warp-kernel CTAs per SM (64 threads each); <= 0: the FT_WARP_CTAS environment variable if set,
   // else as many as fit alone (2 per SM measured far worse: geomean 6.50x floor vs 5.06x).
   int warp_ctas_per_sm = 0;
+  // 1: the merge kernel is launched as a programmatic dependent (PDL) of the tree kernel right
+  // before it, so its CTAs are placed while the tree kernel drains (not with the warp kernel beside
+  // the main one: there the merge waits on the join event); 0: a plain launch; < 0: the
+  // FT_MERGE_PDL environment variable if set, else 1.
+  int merge_pdl = -1;
+  KvLayout kv_layout = KvLayout::kSlotMajor;
+  int64_t kv_slots = 0;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 64;
 // Overlapped and serialized alike: with the overlap, thresholds 0 and 4096 measured the same

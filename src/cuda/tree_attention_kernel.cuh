@@ -41,6 +41,9 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
   s.full = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOff);
   s.empty = s.full + Cfg::kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The merge kernel (a programmatic dependent, when so launched) may be placed as CTAs retire; it
+  // waits for this whole grid before reading partials.
+  griddep_launch_dependents();
   // Barrier 0 (all kThreads threads) is reached from both role branches, once each (non-aligned form).
   if (warp == 4) {
     Producer<T, D> prod(p, s, lane);

@@ -213,8 +213,8 @@ struct Producer {
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
     const uint32_t sv = sk + kN * D * 2;
-    const int64_t row_stride = static_cast<int64_t>(p.num_kv_heads) * D;  // elements between slots
-    const int64_t col_off = static_cast<int64_t>(c.kvh) * D + chunk * 8;
+    const int64_t row_stride = p.kv_row_stride;  // elements between slots
+    const int64_t col_off = static_cast<int64_t>(c.kvh) * p.kv_head_stride + chunk * 8;
     const int base = c.d.kv_begin + t * kN;
     const int fill = (count + 15) & ~15;
     ensure_window(c, base);

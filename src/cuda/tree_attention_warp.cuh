@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
   const T* qg = static_cast<const T*>(p.q);
   const T* kg = static_cast<const T*>(p.k);
   const T* vg = static_cast<const T*>(p.v);
-  const int64_t row_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+  const int64_t row_stride = p.kv_row_stride;
 
   for (int u = begin + static_cast<int>(blockIdx.x) * wpb + static_cast<int>(threadIdx.x) / 32; u < end; u += nwarps) {
     const int block = u / p.num_kv_heads, kvh = u % p.num_kv_heads;
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
         const int k = warp_run_search(win_tb, nwin, tok);
         const int64_t sl = shfl_i64(win_slot, k);
         const int tb = __shfl_sync(kFullMask, win_tb, k);
-        if (lane < count) off = (sl + (tok - tb)) * row_stride + static_cast<int64_t>(kvh) * D;
+        if (lane < count) off = (sl + (tok - tb)) * row_stride + static_cast<int64_t>(kvh) * p.kv_head_stride;
       }
       // S = Q K^T over 4 n-tiles of 8 tokens.
       float sc[4][4];

@@ -97,16 +97,18 @@ bool Scheduler::admit(Group& group) {
   cache_.lock(m.node);
   const int64_t compute = p - m.length;
   const int64_t need = compute + int64_t{req.n} * (req.max_new_tokens - 1);
-  const int64_t available = pool_.num_free() + cache_.evictable_tokens() - reserved_;
+  const int64_t available = pool_.num_free() + cache_.evictable_tokens();
   if (need > available) {
     cache_.unlock(m.node);
     return false;
   }
-  ensure_free(compute);
+  ensure_free(need);
   PendingPrefill pend;
   pend.group = &group;
   pend.offset = m.length;
   pend.new_slots = pool_.alloc(compute);
+  pend.tails.resize(static_cast<size_t>(req.n));
+  for (auto& t : pend.tails) t = pool_.alloc(req.max_new_tokens - 1);
   pend.positions.resize(static_cast<size_t>(compute));
   for (int64_t i = 0; i < compute; ++i) pend.positions[static_cast<size_t>(i)] = static_cast<int32_t>(m.length + i);
   pend.context_slots = m.slots;
@@ -130,7 +132,6 @@ bool Scheduler::admit(Group& group) {
   cache_.unlock(m.node);
   pend.node = ins.node;
   group.unfinished = req.n;
-  reserved_ += int64_t{req.n} * (req.max_new_tokens - 1);
   pending_tokens_ += compute;
   pending_seqs_ += req.n;
   pending_.push_back(std::move(pend));
@@ -163,7 +164,7 @@ void Scheduler::flush_prefill() {
   for (size_t i = 0; i < batch.size(); ++i) start_group(batch[i], std::span<const float>(logits).subspan(i * vocab, vocab));
 }
 
-void Scheduler::start_group(const PendingPrefill& p, std::span<const float> logits) {
+void Scheduler::start_group(PendingPrefill& p, std::span<const float> logits) {
   Group& group = *p.group;
   const GenerationRequest& req = group.request;
   const int64_t plen = static_cast<int64_t>(req.prompt.size());
@@ -175,7 +176,9 @@ void Scheduler::start_group(const PendingPrefill& p, std::span<const float> logi
     seq->sample = i;
     seq->node = p.node;
     seq->prompt_len = plen;
-    seq->reserve_left = req.max_new_tokens - 1;  // already counted in reserved_ by admit()
+    seq->tail_alloc = std::move(p.tails[static_cast<size_t>(i)]);
+    seq->reserve_left = static_cast<int64_t>(seq->tail_alloc.size());
+    reserved_ += seq->reserve_left;
     SamplingParams sp = req.sampling;
     sp.seed = req.sampling.seed + static_cast<uint64_t>(i);
     seq->sampler = std::make_unique<Sampler>(sp);
@@ -224,6 +227,8 @@ void Scheduler::finish(Sequence& seq) {
     seq.tail_slots.clear();
   }
   cache_.unlock(seq.node);
+  // The generated-token slots never fed go back to the pool.
+  pool_.free(std::span<const int32_t>(seq.tail_alloc).last(static_cast<size_t>(seq.reserve_left)));
   reserved_ -= seq.reserve_left;
   seq.reserve_left = 0;
   --g.unfinished;
@@ -240,13 +245,13 @@ void Scheduler::finish_group_if_done(Group& g) {
 
 void Scheduler::decode_step() {
   const size_t b = running_.size();
-  ensure_free(static_cast<int64_t>(b));
-  step_slots_.clear();
-  FT_CHECK(pool_.try_alloc(static_cast<int64_t>(b), step_slots_), "scheduler: no KV slot for a running sequence");
+  step_slots_.resize(b);
   step_tokens_.resize(b);
   step_positions_.resize(b);
   for (size_t i = 0; i < b; ++i) {
     Sequence& s = *running_[i];
+    FT_CHECK(s.reserve_left > 0, "scheduler: a running sequence has no allocated slot left");
+    step_slots_[i] = s.tail_alloc[s.tail_alloc.size() - static_cast<size_t>(s.reserve_left)];
     s.tail_slots.push_back(step_slots_[i]);
     --s.reserve_left;
     --reserved_;
@@ -379,12 +384,9 @@ void Scheduler::check_invariants() const {
     for (int32_t slot : s->tail_slots) FT_CHECK(pool_.is_in_use(slot), "scheduler: tail slot " + num(slot) + " is free");
   }
   FT_CHECK(reserved == reserved_, "scheduler: reserved " + num(reserved_) + " != Σ sequences' " + num(reserved));
-  FT_CHECK(pool_.num_used() == cache_.total_tokens() + tails,
+  FT_CHECK(pool_.num_used() == cache_.total_tokens() + tails + reserved_,
            "scheduler: " + num(pool_.num_used()) + " slots used, cache holds " + num(cache_.total_tokens()) +
-               " and tails " + num(tails));
-  FT_CHECK(pool_.num_free() + cache_.evictable_tokens() >= reserved_,
-           "scheduler: free " + num(pool_.num_free()) + " + evictable " + num(cache_.evictable_tokens()) +
-               " < reserved " + num(reserved_));
+               ", tails " + num(tails) + " and allocated-unfed " + num(reserved_));
 }
 
 }  // namespace fasttree

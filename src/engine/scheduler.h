@@ -5,10 +5,11 @@
 //   1. match its prompt (all but the last token, whose logits are needed) in the RadixCache and
 //      lock the match;
 //   2. check that its KV slots fit: uncached prompt tokens + n * (max_new_tokens - 1) must be at
-//      most free + evictable slots minus what running sequences have reserved for their remaining
-//      tokens; if not, unlock and wait (the head of the queue blocks the rest) until running
-//      sequences finish. Reserving a request's worst case up front means a running sequence never
-//      lacks a slot: nothing is preempted and nothing crashes;
+//      most free + evictable slots; if not, unlock and wait (the head of the queue blocks the rest)
+//      until running sequences finish. A request's worst case is allocated up front (each sample's
+//      generated tokens get one run of consecutive slots, which the attention kernels read as one
+//      piece instead of one slot per step), so a running sequence never lacks a slot: nothing is
+//      preempted and nothing crashes;
 //   3. evict (LRU, unlocked leaves first) as needed, allocate slots for the uncached tokens, insert
 //      the prompt into the cache and lock its node once per sample (its K/V is computed below, in
 //      this same step, before anything reads it), and join the pending prefill batch;
@@ -139,7 +140,7 @@ class Scheduler {
   const SlotPool& pool() const { return pool_; }
   const KvTree& last_tree() const { return tree_; }  // tree of the last decode step
   const Plan& last_plan() const { return plan_; }    // its plan (FastTree attention)
-  int64_t reserved_slots() const { return reserved_; }
+  int64_t reserved_slots() const { return reserved_; }  // allocated for generated tokens, not fed yet
   // Throws fasttree::Error when the cache or the slot accounting is inconsistent (tests).
   void check_invariants() const;
 
@@ -156,7 +157,8 @@ class Scheduler {
     NodeId node = kRootNode;           // locked cache node: the prompt
     int64_t prompt_len = 0;
     std::vector<int32_t> tail_slots;   // KV slots of the generated tokens fed so far
-    int64_t reserve_left = 0;          // slots still reserved for this sequence
+    std::vector<int32_t> tail_alloc;   // slots allocated for its generated tokens (ascending run)
+    int64_t reserve_left = 0;          // of those, not fed yet: tail_alloc's last reserve_left
     std::unique_ptr<Sampler> sampler;
   };
 
@@ -166,11 +168,12 @@ class Scheduler {
     NodeId node = kRootNode;             // the prompt's cache node, locked once per sample
     int64_t offset = 0;                  // prompt tokens reused from the cache
     std::vector<int32_t> positions, new_slots, context_slots;
+    std::vector<std::vector<int32_t>> tails;  // [n] each sample's generated-token slots
   };
 
   bool admit(Group& group);          // false: does not fit now
   void flush_prefill();              // runs the pending batch (no-op when empty)
-  void start_group(const PendingPrefill& p, std::span<const float> logits);
+  void start_group(PendingPrefill& p, std::span<const float> logits);
   void ensure_free(int64_t n);
   void decode_step();
   void sample_into(Sequence& seq, std::span<const float> logits);
@@ -189,7 +192,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;   // in batch order
   std::vector<GenerationResult> finished_;
   int64_t next_id_ = 0;
-  int64_t reserved_ = 0;     // Σ reserve_left of running sequences (+ the pending admissions' reservations)
+  int64_t reserved_ = 0;     // Σ reserve_left of running sequences (allocated, not fed yet)
   std::vector<PendingPrefill> pending_;
   int64_t pending_tokens_ = 0;    // Σ uncached tokens of pending_
   int64_t pending_seqs_ = 0;      // Σ samples of pending_
