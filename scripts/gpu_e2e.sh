@@ -40,11 +40,11 @@ run() {  # run NAME TIMEOUT CMD...
   [ "$rc" -ne 0 ] && status=1
 }
 if has tests; then
-  run tests 300 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*:Gpu*:CliBenchE2e.Gpu*:CudaAttention.SanitizerSmall'
+  run tests 300 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*:Gpu*:CliBenchE2e.Gpu*:CudaAttention.*'
 fi
 if has sanitize; then
   run memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.*Small*:CudaEngineOps.PrefillAttentionVarlen*:CudaEngineOps.GatherRows*:GpuVsCpu.TreeDecodeBatchesMatchCpu:GpuVsCpu.PrefillBatch*'
-  run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.PrefillAttentionSmall'
+  run racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/fasttree_tests" --gtest_filter='CudaEngineOps.PrefillAttentionSmall:CudaAttention.SanitizerSmall'
 fi
 if has smoke; then
   run smoke 300 "$B/fasttree" bench-e2e --backend cuda --preset llama2-7b --workload D --attention both \
