@@ -77,7 +77,10 @@ std::vector<int32_t> GpuModel::decode_greedy(const DecodeBatch& batch, DecodeAtt
       });
       copy_to_host(m.ids_host.data(), m.ids.data(), static_cast<size_t>(b) * 4, m.s());
     };
-    if (m.options.decode_graphs && m.graphs_allowed && !m.marking && m.options.tp_size == 1) {
+    // Tensor parallelism: each rank captures its own graph, NCCL all-reduces included (every rank
+    // takes the same capture / replay decision at the same step, so the collectives stay matched);
+    // not with a before_all_reduce hook (tests count and fail individual all-reduces).
+    if (m.options.decode_graphs && m.graphs_allowed && !m.marking && !m.options.tp.before_all_reduce) {
       // Everything the captured step depends on: batch size, the plan buffers' epoch, every buffer
       // the body touches (they only move when they grow).
       const Impl::GraphKey key{b, m.attention->graph_epoch(), d, m.rows_cap, m.lm_rows_cap, m.resid.data()};

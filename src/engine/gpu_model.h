@@ -80,7 +80,8 @@ struct GpuModelOptions {
                                         // per step; the kernel's index checks run regardless)
   // Greedy decode steps replay a CUDA graph of the whole step (embedding to argmax) captured on the
   // second consecutive step with the same batch size and buffers (the first one runs plainly, so
-  // GEMM tuning happens outside capture); not with profiling or tensor parallelism.
+  // GEMM tuning happens outside capture); not with profiling. Tensor-parallel ranks capture their
+  // NCCL all-reduces too (not when GpuTpHooks::before_all_reduce is set: tests).
   // FT_DECODE_GRAPHS=0 in the environment turns it off.
   bool decode_graphs = true;
   double kv_memory_fraction = 0.9;      // num_slots == 0: largest pool in this fraction of free memory
