@@ -545,6 +545,38 @@ TEST(EngineScheduler, BatchedPrefillEqualsOneRequestPerCall) {
   EXPECT_GT(all_stats.cached_prompt_tokens, 12 * 4);  // the shared prefixes were reused inside the batch
 }
 
+TEST(EngineScheduler, PrefillBatchSlotRules) {
+  const Vec tok3 = {1, 2, 3}, pos3 = {0, 1, 2}, tok1 = {4}, pos1 = {3};
+  const Vec a = {10, 11, 12}, b = {20}, ctx_a = {10, 11, 12}, bad = {13, 14, 11}, ctx_late = {20}, ctx_self = {21};
+  std::vector<int32_t> scratch;
+  // Sequence 1 continues sequence 0 (reads its slots): fine, and the scratch is left all -1.
+  const std::vector<PrefillSeq> ok = {{tok3, pos3, a, {}}, {tok1, pos1, b, ctx_a}};
+  check_prefill_batch_slots(ok, 32, scratch);
+  EXPECT_EQ(scratch, std::vector<int32_t>(32, -1));
+  // Slot 11 written twice: the error names both sequences; the partly marked second sequence
+  // (13, 14) is unmarked too, so the same slots pass in the next batch.
+  const std::vector<PrefillSeq> twice = {{tok3, pos3, a, {}}, {tok3, pos3, bad, {}}};
+  expect_error([&] { check_prefill_batch_slots(twice, 32, scratch); }, {"slot 11", "sequences 0 and 1"});
+  EXPECT_EQ(scratch, std::vector<int32_t>(32, -1));
+  const Vec c = {13, 14, 15};
+  const std::vector<PrefillSeq> reuse = {{tok3, pos3, c, {}}};
+  check_prefill_batch_slots(reuse, 32, scratch);
+  // A context slot written by a later sequence, or by the sequence itself.
+  const std::vector<PrefillSeq> late = {{tok3, pos3, a, ctx_late}, {tok1, pos1, b, {}}};
+  expect_error([&] { check_prefill_batch_slots(late, 32, scratch); }, {"sequence 0's context slot 20", "sequence 1"});
+  const Vec self = {21};
+  const std::vector<PrefillSeq> own = {{tok1, pos1, self, ctx_self}};
+  expect_error([&] { check_prefill_batch_slots(own, 32, scratch); }, {"context slot 21", "sequence 0"});
+  EXPECT_EQ(scratch, std::vector<int32_t>(32, -1));
+  // The default DecoderModel::prefill_batch (CpuModel) applies the same rules and the slot range.
+  CpuModel model(tiny_weights(), 32, model_options());
+  expect_error([&] { model.prefill_batch(twice); }, {"slot 11", "sequences 0 and 1"});
+  const Vec far = {40};
+  const std::vector<PrefillSeq> out_of_range = {{tok1, pos1, far, {}}};
+  expect_error([&] { model.prefill_batch(out_of_range); }, {"slot 40 out of range [0, 32)"});
+  EXPECT_EQ(model.prefill_batch(ok).size(), 2u * 256u);
+}
+
 TEST(EngineScheduler, BatchedPrefillWaitsForRoomAndRespectsMaxRunning) {
   // 6 requests of 16 + 7 slots into a 60-slot pool (two fit at once) and max_running 2: batches
   // hold at most what fits; everything completes with the outputs of a roomy engine.

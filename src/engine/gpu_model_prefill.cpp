@@ -74,43 +74,6 @@ std::vector<float> GpuModel::prefill(std::span<const int32_t> tokens, std::span<
   return out;
 }
 
-namespace {
-
-// Marks the slots each sequence writes in `writer` (sized num_slots, all -1) and checks that no slot
-// is written twice and that no context reads a slot written by its own or a later sequence; every
-// mark is undone before returning or throwing.
-void check_batch_slots(std::span<const PrefillSeq> seqs, std::vector<int32_t>& writer) {
-  size_t marked = 0;  // sequences whose slots are marked
-  auto undo = [&] {
-    for (size_t s = 0; s < marked; ++s)
-      for (int32_t slot : seqs[s].slots) writer[static_cast<size_t>(slot)] = -1;
-  };
-  try {
-    for (; marked < seqs.size(); ++marked) {
-      for (int32_t slot : seqs[marked].slots) {
-        int32_t& w = writer[static_cast<size_t>(slot)];
-        FT_CHECK(w < 0 || w == static_cast<int32_t>(marked),
-                 "prefill_batch: slot " + num(slot) + " is written by sequences " + num(w) + " and " +
-                     num(static_cast<int64_t>(marked)));
-        w = static_cast<int32_t>(marked);
-      }
-    }
-    for (size_t s = 0; s < seqs.size(); ++s)
-      for (int32_t slot : seqs[s].context_slots) {
-        const int32_t w = writer[static_cast<size_t>(slot)];
-        FT_CHECK(w < static_cast<int32_t>(s),
-                 "prefill_batch: sequence " + num(static_cast<int64_t>(s)) + "'s context slot " + num(slot) +
-                     " is written by sequence " + num(w) + " of the same batch, which does not come before it");
-      }
-  } catch (...) {
-    undo();
-    throw;
-  }
-  undo();
-}
-
-}  // namespace
-
 std::vector<float> GpuModel::prefill_batch(std::span<const PrefillSeq> seqs) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
@@ -133,8 +96,7 @@ std::vector<float> GpuModel::prefill_batch(std::span<const PrefillSeq> seqs) {
     }
     if (ctx > 0) m.check_distinct(q.context_slots, q.slots, w);
   }
-  if (m.slot_writer.size() != static_cast<size_t>(m.num_slots)) m.slot_writer.assign(static_cast<size_t>(m.num_slots), -1);
-  check_batch_slots(seqs, m.slot_writer);
+  check_prefill_batch_slots(seqs, m.num_slots, m.slot_writer);
 
   // Pieces of sequences, packed into chunks of at most prefill_chunk rows.
   struct Piece {

@@ -16,8 +16,49 @@ std::vector<int32_t> DecoderModel::decode_greedy(const DecodeBatch& batch, Decod
   return tokens;
 }
 
+void check_prefill_batch_slots(std::span<const PrefillSeq> seqs, int32_t num_slots, std::vector<int32_t>& writer) {
+  if (writer.size() != static_cast<size_t>(num_slots)) writer.assign(static_cast<size_t>(num_slots), -1);
+  size_t marked = 0;  // sequences whose slots are (at least partly) marked: [0, marked]
+  // Every slot touched belongs to a sequence in [0, marked]: resetting all of theirs restores all -1.
+  auto undo = [&] {
+    for (size_t s = 0; s <= marked && s < seqs.size(); ++s)
+      for (int32_t slot : seqs[s].slots) writer[static_cast<size_t>(slot)] = -1;
+  };
+  try {
+    for (; marked < seqs.size(); ++marked) {
+      for (int32_t slot : seqs[marked].slots) {
+        int32_t& w = writer[static_cast<size_t>(slot)];
+        FT_CHECK(w < 0 || w == static_cast<int32_t>(marked),
+                 "prefill_batch: slot " + std::to_string(slot) + " is written by sequences " + std::to_string(w) +
+                     " and " + std::to_string(marked));
+        w = static_cast<int32_t>(marked);
+      }
+    }
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (int32_t slot : seqs[s].context_slots) {
+        const int32_t w = writer[static_cast<size_t>(slot)];
+        FT_CHECK(w < static_cast<int32_t>(s),
+                 "prefill_batch: sequence " + std::to_string(s) + "'s context slot " + std::to_string(slot) +
+                     " is written by sequence " + std::to_string(w) + " of the same batch, which does not come before it");
+      }
+  } catch (...) {
+    undo();
+    throw;
+  }
+  undo();
+}
+
 std::vector<float> DecoderModel::prefill_batch(std::span<const PrefillSeq> seqs) {
   const size_t vocab = static_cast<size_t>(config().vocab_size);
+  // Slot ranges first (each prefill() checks its own again), then the batch-level rules.
+  for (size_t i = 0; i < seqs.size(); ++i)
+    for (std::span<const int32_t> part : {seqs[i].slots, seqs[i].context_slots})
+      for (int32_t slot : part)
+        FT_CHECK(slot >= 0 && slot < num_slots(), "prefill_batch: sequence " + std::to_string(i) + ": slot " +
+                                                      std::to_string(slot) + " out of range [0, " +
+                                                      std::to_string(num_slots()) + ")");
+  std::vector<int32_t> writer;
+  check_prefill_batch_slots(seqs, num_slots(), writer);
   std::vector<float> out;
   out.reserve(seqs.size() * vocab);
   for (const PrefillSeq& s : seqs) {

@@ -55,6 +55,12 @@ struct DecodeBatch {
   const Plan* plan = nullptr;          // FastTree plan of `tree` (nullptr: the model plans)
 };
 
+// Checks the batch-level slot rules of prefill_batch, for slots already known to be in [0, num_slots):
+// no slot is written by two sequences, and no sequence's context holds a slot that the same or a later
+// sequence of the batch writes. Throws a one-line fasttree::Error naming the slot and the sequences.
+// `scratch` (the writer of each slot, -1 for none) is sized num_slots on first use and left all -1.
+void check_prefill_batch_slots(std::span<const PrefillSeq> seqs, int32_t num_slots, std::vector<int32_t>& scratch);
+
 class DecoderModel {
  public:
   virtual ~DecoderModel() = default;
@@ -64,9 +70,10 @@ class DecoderModel {
   virtual std::vector<float> prefill(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                      std::span<const int32_t> slots, std::span<const int32_t> context_slots,
                                      bool all_logits = false) = 0;
-  // Logits [S, V]: the last new token's row of each sequence, as if prefill() ran on each in order
-  // (new slots distinct across the batch). Default: one prefill() per sequence; the GPU model
-  // computes the whole batch's tokens together (token-packed chunks, one LM-head GEMM per chunk).
+  // Logits [S, V]: the last new token's row of each sequence, as if prefill() ran on each in order.
+  // Every implementation rejects what check_prefill_batch_slots rejects. Default: one prefill() per
+  // sequence; the GPU model computes the whole batch's tokens together (token-packed chunks, one
+  // LM-head GEMM per chunk).
   virtual std::vector<float> prefill_batch(std::span<const PrefillSeq> seqs);
   // Logits [B, V].
   virtual std::vector<float> decode(const DecodeBatch& batch,
