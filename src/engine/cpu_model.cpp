@@ -158,30 +158,11 @@ std::vector<float> CpuModel::prefill(std::span<const int32_t> tokens, std::span<
 
 std::vector<float> CpuModel::decode(const DecodeBatch& batch, DecodeAttention attention) {
   FT_CHECK(batch.tree != nullptr, "decode: batch has no tree");
-  const KvTree& tree = *batch.tree;
   check_tokens(batch.tokens, batch.positions, batch.slots, "decode");
-  const int64_t b = static_cast<int64_t>(batch.tokens.size());
-  FT_CHECK(tree.num_queries() == b, "decode: tree has " + std::to_string(tree.num_queries()) + " queries for " +
-                                        std::to_string(b) + " requests");
+  const int64_t b = check_decode_tree(batch, config(), num_slots_);
   if (b == 0) return {};
-  validate_tree(tree, num_slots_);
+  const KvTree& tree = *batch.tree;
   const ModelConfig& c = config();
-  // Each query's path must end with its own new slot (the token attends to itself).
-  for (int64_t r = 0; r < b; ++r) {
-    int v = tree.query_node[static_cast<size_t>(r)];
-    int64_t path_len = 0;
-    int32_t last = -1;
-    for (; v >= 0; v = tree.parent[v]) {
-      if (last < 0 && tree.node_len(v) > 0) last = tree.node_slots(v).back();
-      path_len += tree.node_len(v);
-    }
-    FT_CHECK(last == batch.slots[static_cast<size_t>(r)],
-             "decode: request " + std::to_string(r) + "'s context path ends with slot " + std::to_string(last) +
-                 ", not with its new slot " + std::to_string(batch.slots[static_cast<size_t>(r)]));
-    FT_CHECK(c.sliding_window == 0 || path_len <= c.sliding_window,
-             "decode: request " + std::to_string(r) + "'s context of " + std::to_string(path_len) +
-                 " tokens exceeds the sliding window of " + std::to_string(c.sliding_window) + " (not supported)");
-  }
   const AttnShape shape = c.attn_shape();
   const float scale = shape.default_sm_scale();
   if (attention == DecodeAttention::kFastTree) {

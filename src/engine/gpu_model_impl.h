@@ -303,29 +303,8 @@ struct GpuModel::Impl {
     FT_CHECK(attention_kind == DecodeAttention::kFastTree,
              "decode: reference attention runs on the CPU model only (the GPU model runs FastTree attention)");
     FT_CHECK(batch.tree != nullptr, "decode: batch has no tree");
-    const KvTree& tree = *batch.tree;
     check_tokens(batch.tokens, batch.positions, batch.slots, "decode");
-    const int64_t b = static_cast<int64_t>(batch.tokens.size());
-    FT_CHECK(tree.num_queries() == b,
-             "decode: tree has " + num(tree.num_queries()) + " queries for " + num(b) + " requests");
-    if (b == 0) return 0;
-    validate_tree(tree, num_slots);
-    for (int64_t r = 0; r < b; ++r) {
-      int v = tree.query_node[static_cast<size_t>(r)];
-      int64_t path_len = 0;
-      int32_t last = -1;
-      for (; v >= 0; v = tree.parent[v]) {
-        if (last < 0 && tree.node_len(v) > 0) last = tree.node_slots(v).back();
-        path_len += tree.node_len(v);
-      }
-      FT_CHECK(last == batch.slots[static_cast<size_t>(r)],
-               "decode: request " + num(r) + "'s context path ends with slot " + num(last) + ", not with its new slot " +
-                   num(batch.slots[static_cast<size_t>(r)]));
-      FT_CHECK(config.sliding_window == 0 || path_len <= config.sliding_window,
-               "decode: request " + num(r) + "'s context of " + num(path_len) + " tokens exceeds the sliding window of " +
-                   num(config.sliding_window) + " (not supported)");
-    }
-    return b;
+    return check_decode_tree(batch, config, num_slots);
   }
 
   // Enqueues a decode step up to the logits; take(row, rows) consumes each LM-head piece.

@@ -16,6 +16,33 @@ std::vector<int32_t> DecoderModel::decode_greedy(const DecodeBatch& batch, Decod
   return tokens;
 }
 
+int64_t check_decode_tree(const DecodeBatch& batch, const ModelConfig& config, int32_t num_slots) {
+  FT_CHECK(batch.tree != nullptr, "decode: batch has no tree");
+  const KvTree& tree = *batch.tree;
+  const int64_t b = static_cast<int64_t>(batch.tokens.size());
+  FT_CHECK(tree.num_queries() == b, "decode: tree has " + std::to_string(tree.num_queries()) + " queries for " +
+                                        std::to_string(b) + " requests");
+  if (b == 0) return 0;
+  validate_tree(tree, num_slots);
+  // Each query's path must end with its own new slot (the token attends to itself).
+  for (int64_t r = 0; r < b; ++r) {
+    int v = tree.query_node[static_cast<size_t>(r)];
+    int64_t path_len = 0;
+    int32_t last = -1;
+    for (; v >= 0; v = tree.parent[v]) {
+      if (last < 0 && tree.node_len(v) > 0) last = tree.node_slots(v).back();
+      path_len += tree.node_len(v);
+    }
+    FT_CHECK(last == batch.slots[static_cast<size_t>(r)],
+             "decode: request " + std::to_string(r) + "'s context path ends with slot " + std::to_string(last) +
+                 ", not with its new slot " + std::to_string(batch.slots[static_cast<size_t>(r)]));
+    FT_CHECK(config.sliding_window == 0 || path_len <= config.sliding_window,
+             "decode: request " + std::to_string(r) + "'s context of " + std::to_string(path_len) +
+                 " tokens exceeds the sliding window of " + std::to_string(config.sliding_window) + " (not supported)");
+  }
+  return b;
+}
+
 void check_prefill_batch_slots(std::span<const PrefillSeq> seqs, int32_t num_slots, std::vector<int32_t>& writer) {
   if (writer.size() != static_cast<size_t>(num_slots)) writer.assign(static_cast<size_t>(num_slots), -1);
   size_t marked = 0;  // sequences whose slots are (at least partly) marked: [0, marked]

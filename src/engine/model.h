@@ -61,6 +61,12 @@ struct DecodeBatch {
 // `scratch` (the writer of each slot, -1 for none) is sized num_slots on first use and left all -1.
 void check_prefill_batch_slots(std::span<const PrefillSeq> seqs, int32_t num_slots, std::vector<int32_t>& scratch);
 
+// The checks both models make on a decode batch's tree, after their own token / position / slot
+// checks: a tree is given with one query per request, it is valid with every slot in [0, num_slots),
+// each query's path ends with that request's new slot, and no context exceeds the sliding window.
+// Returns the batch size. Throws one-line fasttree::Errors ("decode: ...").
+int64_t check_decode_tree(const DecodeBatch& batch, const ModelConfig& config, int32_t num_slots);
+
 class DecoderModel {
  public:
   virtual ~DecoderModel() = default;
