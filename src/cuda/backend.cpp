@@ -104,14 +104,8 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   {
     std::vector<uint16_t> hq = to_dtype(q, dtype), hk = to_dtype(k, dtype), hv = to_dtype(v, dtype);
     if (options.kv_head_major) {  // [S, Hkv, d] -> [Hkv, S, d]
-      const int64_t hkv = shape.num_kv_heads, d = shape.head_dim;
-      for (std::vector<uint16_t>* x : {&hk, &hv}) {
-        std::vector<uint16_t> y(x->size());
-        for (int64_t s = 0; s < num_slots; ++s)
-          for (int64_t h = 0; h < hkv; ++h)
-            std::copy_n(x->begin() + (s * hkv + h) * d, d, y.begin() + (h * num_slots + s) * d);
-        *x = std::move(y);
-      }
+      hk = swap_outer_dims(hk, num_slots, shape.num_kv_heads, shape.head_dim);
+      hv = swap_outer_dims(hv, num_slots, shape.num_kv_heads, shape.head_dim);
     }
     if (!hq.empty()) FT_CUDA_CHECK(cudaMemcpy(dq.ptr, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
     if (!hk.empty()) FT_CUDA_CHECK(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
@@ -175,6 +169,15 @@ void cuda_set_device(int device) {
   FT_CHECK(device >= 0 && device < n, "CUDA device " + std::to_string(device) + " is missing (" + std::to_string(n) +
                                           " visible)");
   FT_CUDA_CHECK(cudaSetDevice(device));
+}
+
+std::vector<uint16_t> swap_outer_dims(const std::vector<uint16_t>& x, int64_t a, int64_t b, int64_t d) {
+  FT_CHECK(static_cast<int64_t>(x.size()) == a * b * d, "swap_outer_dims: " + std::to_string(x.size()) +
+                                                            " elements, expected " + std::to_string(a * b * d));
+  std::vector<uint16_t> y(x.size());
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < b; ++j) std::copy_n(x.begin() + (i * b + j) * d, d, y.begin() + (j * a + i) * d);
+  return y;
 }
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,

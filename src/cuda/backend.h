@@ -1,7 +1,9 @@
 // Host-side entry points of the CUDA layer. Includes no CUDA header, so apps and tests can call
 // it whether or not the CUDA backend was built (without nvcc these report "not built").
 #pragma once
+#include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/attention_shape.h"
 #include "core/kv_tree.h"
@@ -23,6 +25,10 @@ void cuda_set_device(int device);
 // shapes as in core/attention_shape.h (out fp32 [Q, Hq, d], lse fp32 [Q, Hq] or empty). Throws
 // fasttree::Error when the backend is not available. Allocates device memory for this call: an
 // engine keeps a CudaTreeAttention (cuda/tree_attention.h) and device tensors instead.
+// [a, b, d] -> [b, a, d] (16-bit elements): between slot-major [S, Hkv, d] and head-major
+// [Hkv, S, d] K/V pools (KvLayout). Host only.
+std::vector<uint16_t> swap_outer_dims(const std::vector<uint16_t>& x, int64_t a, int64_t b, int64_t d);
+
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                     std::span<const float> q, std::span<const float> k, std::span<const float> v,
                     float sm_scale, std::span<float> out, std::span<float> lse);

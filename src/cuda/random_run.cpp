@@ -42,15 +42,6 @@ struct DeviceArray {
 
 }  // namespace
 
-// [a, b, d] -> [b, a, d].
-static std::vector<uint16_t> swap_outer(const std::vector<uint16_t>& x, int64_t a, int64_t b, int64_t d) {
-  std::vector<uint16_t> y(x.size());
-  for (int64_t i = 0; i < a; ++i)
-    for (int64_t j = 0; j < b; ++j)
-      std::copy_n(x.begin() + (i * b + j) * d, d, y.begin() + (j * a + i) * d);
-  return y;
-}
-
 RandomRunResult cuda_run_random_inputs(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                                        uint64_t seed, bool head_major) {
   FT_CHECK(cuda_device_count() > 0, "cuda_run_random_inputs: no CUDA device available");
@@ -83,8 +74,8 @@ RandomRunResult cuda_run_random_inputs(const Plan& plan, const KvTree& tree, con
   r.k = k.to_host();
   r.v = v.to_host();
   if (head_major) {  // the same random values, read as [Hkv, S, d]: hand them back as [S, Hkv, d]
-    r.k = swap_outer(r.k, shape.num_kv_heads, num_slots, shape.head_dim);
-    r.v = swap_outer(r.v, shape.num_kv_heads, num_slots, shape.head_dim);
+    r.k = swap_outer_dims(r.k, shape.num_kv_heads, num_slots, shape.head_dim);
+    r.v = swap_outer_dims(r.v, shape.num_kv_heads, num_slots, shape.head_dim);
   }
   r.out = out.to_host();
   r.lse = lse.to_host();
