@@ -10,6 +10,8 @@
 //
 //   TpGpu.NcclAllReduce*       fp32 and bf16 sums over 2 GPUs; a peer that skips a collective
 //                              makes wait() throw after its timeout (never a hang)
+//   TpGpu.*Symmetric*          in-place sums on NCCL symmetric windows; a model on windows gives
+//                              the logits of one without, bit for bit (also above the window's rows)
 //   TpGpu.MatchesTp1*          prefill (chunked, all logits, cached context) and tree decode
 //                              batches, host weights (tiny / biased / replicated-kv configs), device
 //                              random weights (sharded init == tp 1's weights), golden checkpoints
@@ -269,6 +271,91 @@ TEST(TpGpu, NcclPeerThatSkipsACollectiveTimesOutWithAnError) {
   CudaStream s1;
   expect_error([&] { comms[1]->wait(s1.get(), std::chrono::milliseconds(60000)); }, {"test: peer failed"});
   NcclComm::destroy_group(comms);
+}
+
+// Symmetric windows (ncclMemAlloc + ncclCommWindowRegister): an in-place fp32 all-reduce on the
+// windows sums exactly; the windows are released with the group. Skips (printing why) on a host
+// where NCCL cannot make them (create_symmetric_windows returns the reason).
+TEST(TpGpu, NcclSymmetricWindowsSumInPlace) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::vector<int> devices = {0, 1};
+  auto comms = NcclComm::create_group(devices);
+  constexpr size_t n = (size_t{3} << 20) / 4 + 123;  // 3 MB + a ragged tail
+  const std::string why = NcclComm::create_symmetric_windows(comms, n * 4);
+  if (!why.empty()) {
+    NcclComm::destroy_group(comms);
+    GTEST_SKIP() << "no symmetric windows on this host: " << why;
+  }
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::string> errors(2);
+  auto body = [&](int r) {
+    try {
+      cuda_set_device(r);
+      CudaStream stream;
+      NcclComm& c = *comms[static_cast<size_t>(r)];
+      if (c.window() == nullptr || c.window_bytes() < n * 4) throw std::runtime_error("window missing or short");
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1013) * (r == 0 ? 0.25f : 2.0f) - static_cast<float>(r);
+      float* w = static_cast<float*>(c.window());
+      copy_to_device(w, x.data(), n * 4, stream.get());
+      for (int rep = 0; rep < 3; ++rep) {  // repeated: the second and third sum the previous sums
+        c.all_reduce_sum_fp32(w, n, stream.get());
+        c.wait(stream.get(), std::chrono::milliseconds(30000));
+      }
+      copy_to_host(x.data(), w, n * 4, stream.get());
+      stream.synchronize();
+      got[static_cast<size_t>(r)] = x;
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  };
+  {
+    std::jthread t1(body, 1);
+    body(0);
+  }
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int r = 0; r < 2; ++r)
+    for (size_t i = 0; i < n; ++i) {
+      const float once = static_cast<float>(i % 1013) * 2.25f - 1.0f;  // exact in fp32
+      ASSERT_EQ(got[static_cast<size_t>(r)][i], once * 4.0f) << "rank " << r << " element " << i;
+    }
+  NcclComm::destroy_group(comms);
+}
+
+// The same model with and without symmetric windows gives bit-identical logits (a sum of two fp32
+// values does not depend on the kernel that computes it), also for a decode batch of more rows than
+// the window holds (those calls fall back to the model's own buffer).
+TEST(TpGpu, SymmetricWindowsGiveTheLogitsOfPlainBuffers) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const ModelConfig c = model_preset("tiny");
+  const ModelWeights w = random_weights(c, 79);
+  TpGpuModelOptions plain_opt = tp2(8), sym_opt = tp2(8);
+  plain_opt.symmetric_windows = false;
+  TpGpuModel plain(w, 4096, plain_opt), sym(w, 4096, sym_opt);
+  std::cout << "[ tp gpu ] all-reduce: " << sym.all_reduce_path() << "\n";
+  EXPECT_EQ(plain.all_reduce_path(), "nccl (symmetric windows off)");
+  if (sym.all_reduce_path().rfind("nccl symmetric windows", 0) != 0)
+    GTEST_SKIP() << "no symmetric windows on this host: " << sym.all_reduce_path();
+  const int vocab = c.vocab_size;
+  const Vec a = random_tokens(21, 4, vocab);
+  EXPECT_EQ(sym.prefill(a, iota(0, 21), iota(0, 21), {}, true), plain.prefill(a, iota(0, 21), iota(0, 21), {}, true));
+  for (int32_t b : {3, kTpWindowMinRows + 6}) {  // fits the window / does not
+    SCOPED_TRACE("decode batch " + std::to_string(b));
+    std::vector<Vec> paths;
+    Vec tokens, pos, slots;
+    for (int32_t i = 0; i < b; ++i) {
+      Vec p = iota(0, 21);
+      p.push_back(21 + i);
+      paths.push_back(p);
+      tokens.push_back(a[static_cast<size_t>(i % 21)]);
+      pos.push_back(21);
+      slots.push_back(21 + i);
+    }
+    const KvTree tree = kv_tree_from_paths(paths, PathSharing::kShared);
+    const DecodeBatch batch{tokens, pos, slots, &tree};
+    EXPECT_EQ(sym.decode(batch), plain.decode(batch));
+  }
 }
 
 // ---- tp 2 vs tp 1 -------------------------------------------------------------------------------

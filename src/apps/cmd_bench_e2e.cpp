@@ -38,6 +38,7 @@
 #include "core/error.h"
 #include "engine/model_config.h"
 #include "engine/model_factory.h"
+#include "engine/tp_gpu_model.h"
 #include "engine/workloads.h"
 
 namespace fasttree {
@@ -205,6 +206,10 @@ void run_bench_e2e(BenchE2eCmd& c) {
     ms.tp = c.tp;
     ms.planner = planner;
     const std::unique_ptr<DecoderModel> model = make_model(ms);
+    if (const auto* tpm = dynamic_cast<const TpGpuModel*>(model.get())) {
+      std::printf("%s tp %d all-reduce: %s\n", label.c_str(), c.tp, tpm->all_reduce_path().c_str());
+      std::fflush(stdout);
+    }
     SchedulerOptions base;
     base.max_running = c.max_running;
     base.max_prefill_tokens = c.max_prefill_tokens;

@@ -84,6 +84,10 @@ struct NcclComm::Impl {
   std::mutex reason_mu;
   std::string abort_reason;  // of the first request_abort
   bool finalizing = false;
+  // Symmetric window (create_symmetric_windows): memory from ncclMemAlloc, registered when `win` is set.
+  void* win_ptr = nullptr;
+  size_t win_bytes = 0;
+  ncclWindow_t win = nullptr;
 
   std::string who() const {
     return "NCCL rank " + str(rank) + " of " + str(size) + " (device " + str(device) + ")";
@@ -154,6 +158,24 @@ struct NcclComm::Impl {
     }
     ncclCommDestroy(comm);
     comm = nullptr;
+  }
+  // Starts the (collective) deregistration of the window; the caller polls the communicator.
+  void start_deregister() noexcept {
+    if (win == nullptr) return;
+    if (!aborted.load() && comm != nullptr) {
+      cudaSetDevice(device);
+      const ncclResult_t r = ncclCommWindowDeregister(comm, win);
+      if (r != ncclSuccess && r != ncclInProgress) abort();
+    }
+    win = nullptr;
+  }
+  // Frees the window's memory (after the communicator is destroyed or the registration undone).
+  void free_window() noexcept {
+    if (win_ptr == nullptr) return;
+    cudaSetDevice(device);
+    ncclMemFree(win_ptr);
+    win_ptr = nullptr;
+    win_bytes = 0;
   }
 };
 
@@ -259,21 +281,128 @@ std::vector<std::unique_ptr<NcclComm>> NcclComm::create_group(std::span<const in
 }
 
 void NcclComm::destroy_group(std::vector<std::unique_ptr<NcclComm>>& comms) noexcept {
+  const auto deadline = Clock::now() + kFinalizeTimeout;
+  bool windows = false;
+  for (auto& c : comms) windows = windows || (c && c->impl_->win != nullptr);
+  if (windows) {  // deregistration is collective: every rank's inside one group, then wait for them
+    int current = 0;
+    cudaGetDevice(&current);
+    if (ncclGroupStart() == ncclSuccess) {
+      for (auto& c : comms)
+        if (c) c->impl_->start_deregister();
+      const ncclResult_t r = ncclGroupEnd();
+      if (r != ncclSuccess && r != ncclInProgress)
+        for (auto& c : comms)
+          if (c) c->impl_->abort();
+    } else {
+      for (auto& c : comms)
+        if (c) c->impl_->abort();
+    }
+    for (auto& c : comms)
+      if (c && !c->impl_->aborted.load() && c->impl_->comm != nullptr &&
+          poll_state(c->impl_->comm, deadline) != ncclSuccess)
+        c->impl_->abort();
+    cudaSetDevice(current);
+  }
   for (auto& c : comms)
     if (c) c->impl_->start_finalize();
-  const auto deadline = Clock::now() + kFinalizeTimeout;
   for (auto& c : comms)
     if (c) c->impl_->finish_destroy(deadline);
+  for (auto& c : comms)
+    if (c) c->impl_->free_window();
   comms.clear();
 }
 
 NcclComm::~NcclComm() {
-  if (impl_) impl_->finish_destroy(Clock::now() + kFinalizeTimeout);
+  if (!impl_) return;
+  const auto deadline = Clock::now() + kFinalizeTimeout;
+  if (impl_->win != nullptr) {
+    impl_->start_deregister();
+    if (!impl_->aborted.load() && impl_->comm != nullptr && poll_state(impl_->comm, deadline) != ncclSuccess)
+      impl_->abort();
+  }
+  impl_->finish_destroy(deadline);
+  impl_->free_window();
+}
+
+std::string NcclComm::create_symmetric_windows(std::span<const std::unique_ptr<NcclComm>> comms, size_t bytes) {
+  FT_CHECK(bytes > 0, "NcclComm::create_symmetric_windows: zero bytes");
+  FT_CHECK(!comms.empty(), "NcclComm::create_symmetric_windows: no communicators");
+  for (const auto& c : comms) {
+    FT_CHECK(c != nullptr, "NcclComm::create_symmetric_windows: null communicator");
+    c->impl_->check_usable("create_symmetric_windows");
+    FT_CHECK(c->impl_->win_ptr == nullptr, c->impl_->who() + ": already has a symmetric window");
+  }
+  constexpr size_t kGranule = size_t{2} << 20;  // CUDA VMM granularity on current GPUs (a multiple of 4 KB)
+  static_assert(kGranule % NCCL_WIN_REQUIRED_ALIGNMENT == 0);
+  const size_t size = (bytes + kGranule - 1) / kGranule * kGranule;
+  int current = 0;
+  FT_CUDA_CHECK(cudaGetDevice(&current));
+  std::string why;
+  for (const auto& c : comms) {  // local allocations first: a refusal here leaves the group untouched
+    Impl& m = *c->impl_;
+    cudaError_t e = cudaSetDevice(m.device);
+    if (e != cudaSuccess) {
+      why = m.who() + ": cudaSetDevice failed: " + cudaGetErrorName(e);
+      break;
+    }
+    void* p = nullptr;
+    const ncclResult_t r = ncclMemAlloc(&p, size);
+    if (r != ncclSuccess || p == nullptr) {
+      why = m.who() + ": ncclMemAlloc(" + str(static_cast<int64_t>(size)) + ") failed: " + describe(r, m.comm);
+      break;
+    }
+    m.win_ptr = p;
+    m.win_bytes = size;
+    e = cudaMemset(p, 0, size);
+    if (e != cudaSuccess) {
+      why = m.who() + ": cudaMemset of the window failed: " + cudaGetErrorName(e);
+      break;
+    }
+  }
+  if (!why.empty()) {
+    for (const auto& c : comms) c->impl_->free_window();
+    cudaSetDevice(current);
+    return why;
+  }
+  // Registration is collective: every rank's call inside one group.
+  const ncclResult_t start = ncclGroupStart();
+  if (start != ncclSuccess) why = std::string("ncclGroupStart failed: ") + ncclGetErrorString(start);
+  for (size_t i = 0; i < comms.size() && why.empty(); ++i) {
+    Impl& m = *comms[i]->impl_;
+    cudaSetDevice(m.device);
+    const ncclResult_t r = ncclCommWindowRegister(m.comm, m.win_ptr, m.win_bytes, &m.win, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess && r != ncclInProgress) why = m.who() + ": ncclCommWindowRegister failed: " + describe(r, m.comm);
+  }
+  if (start == ncclSuccess) {
+    const ncclResult_t end = ncclGroupEnd();
+    if (why.empty() && end != ncclSuccess && end != ncclInProgress)
+      why = std::string("ncclGroupEnd (window registration) failed: ") + ncclGetErrorString(end);
+  }
+  cudaSetDevice(current);
+  const auto deadline = Clock::now() + comms[0]->impl_->timeout;
+  for (const auto& c : comms) {
+    if (!why.empty()) break;
+    Impl& m = *c->impl_;
+    const ncclResult_t s = poll_state(m.comm, deadline);
+    if (s == ncclInProgress) why = m.who() + ": window registration did not finish within " + str(m.timeout.count()) + " ms";
+    else if (s != ncclSuccess) why = m.who() + ": window registration failed: " + describe(s, m.comm);
+  }
+  if (why.empty()) return "";
+  // A registration that was started may be half done on some ranks: the group is not safe to use.
+  for (const auto& c : comms) {
+    c->impl_->win = nullptr;
+    c->impl_->abort();
+    c->impl_->free_window();
+  }
+  FT_FAIL(why + "; communicators aborted");
 }
 
 int NcclComm::rank() const { return impl_->rank; }
 int NcclComm::size() const { return impl_->size; }
 int NcclComm::device() const { return impl_->device; }
+void* NcclComm::window() const { return impl_->win != nullptr ? impl_->win_ptr : nullptr; }
+size_t NcclComm::window_bytes() const { return impl_->win != nullptr ? impl_->win_bytes : 0; }
 bool NcclComm::aborted() const { return impl_->aborted.load(); }
 void NcclComm::abort() noexcept { impl_->abort(); }
 void NcclComm::request_abort(const std::string& reason) noexcept {
@@ -339,6 +468,9 @@ NcclComm::~NcclComm() = default;
 int NcclComm::rank() const { not_available(); }
 int NcclComm::size() const { not_available(); }
 int NcclComm::device() const { not_available(); }
+std::string NcclComm::create_symmetric_windows(std::span<const std::unique_ptr<NcclComm>>, size_t) { not_available(); }
+void* NcclComm::window() const { not_available(); }
+size_t NcclComm::window_bytes() const { not_available(); }
 bool NcclComm::aborted() const { not_available(); }
 void NcclComm::abort() noexcept {}
 void NcclComm::request_abort(const std::string&) noexcept {}

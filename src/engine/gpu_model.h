@@ -70,6 +70,11 @@ struct GpuTpHooks {
   std::function<void()> on_error;
   // Called before each all-reduce with its index within the call (tests inject failures; may throw).
   std::function<void(int64_t index)> before_all_reduce;
+  // Optional device memory (e.g. an NCCL symmetric window) that holds the row-parallel GEMMs'
+  // outputs, and so the all-reduces' data, in every call whose rows fit in it (rows * hidden * 4
+  // bytes); larger calls use the model's own buffer. Owned by the caller; outlives the model.
+  float* reduce_buffer = nullptr;
+  size_t reduce_buffer_bytes = 0;
 };
 
 struct GpuModelOptions {

@@ -69,6 +69,7 @@ struct GpuModel::Impl {
 
   // Activations (gpu_model.h), rows_cap rows each; logits lm_rows_cap rows.
   int64_t rows_cap = 0, lm_rows_cap = 0;
+  int64_t call_rows = 0;  // activation rows of the current call (ensure_rows)
   DeviceBuffer resid, x, qkv, q, attn_f32, attn, delta, gate_up, act, logits;
   DeviceBuffer ints, ids;     // int32 inputs of a call; greedy ids [B]
   PinnedBuffer ints_host, ids_host;
@@ -141,12 +142,19 @@ struct GpuModel::Impl {
     if (marking) timer.mark(phase, s());
   }
 
+  // The row-parallel GEMMs' fp32 output [rows, h] of the current call (ensure_rows' rows): the
+  // tensor-parallel reduce buffer when the call fits in it, else the model's own.
+  float* delta_f32() const {
+    const size_t need = static_cast<size_t>(call_rows) * static_cast<size_t>(config.hidden_size) * 4;
+    if (options.tp.reduce_buffer != nullptr && need <= options.tp.reduce_buffer_bytes) return options.tp.reduce_buffer;
+    return delta.as<float>();
+  }
   // Tensor parallelism: sums rows [0, m) of delta over the ranks (no-op on one GPU).
   void all_reduce_delta(int m) {
     if (!options.tp.all_reduce) return;
     if (options.tp.before_all_reduce) options.tp.before_all_reduce(reduce_index);
     ++reduce_index;
-    options.tp.all_reduce(delta.as<float>(), static_cast<size_t>(m) * static_cast<size_t>(config.hidden_size), s());
+    options.tp.all_reduce(delta_f32(), static_cast<size_t>(m) * static_cast<size_t>(config.hidden_size), s());
     mark(kComm);
   }
 
@@ -162,6 +170,7 @@ struct GpuModel::Impl {
   // Grows the activation buffers to `rows` rows and the logits to `lm_rows` rows.
   void ensure_rows(int64_t rows, int64_t lm_rows) {
     const ModelConfig& c = config;
+    call_rows = rows;
     if (rows > rows_cap) {
       int64_t cap = std::max(rows, std::min<int64_t>(2 * rows_cap, options.prefill_chunk));
       cap = (cap + 15) / 16 * 16;
@@ -207,7 +216,7 @@ struct GpuModel::Impl {
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     for (int l = 0; l < c.num_hidden_layers; ++l) {
       const GpuLayerWeights& w = weights.layers[static_cast<size_t>(l)];
-      cuda_ops::add_rms_norm(resid.as<float>(), l == 0 ? nullptr : delta.as<float>(), w.input_norm, eps, m, h,
+      cuda_ops::add_rms_norm(resid.as<float>(), l == 0 ? nullptr : delta_f32(), w.input_norm, eps, m, h,
                              x.as<uint16_t>(), s());
       mark(kOther);
       gemm.linear(x.as<uint16_t>(), w.w_qkv, m, qkv_dim(), h, qkv.as<float>());
@@ -216,20 +225,20 @@ struct GpuModel::Impl {
                                 dk, inv_freq.as<float>(), q.as<uint16_t>(), k_pool(l), v_pool(l), s());
       mark(kOther);
       attend(l);
-      gemm.linear(attn.as<uint16_t>(), w.w_o, m, h, qd(), delta.as<float>());
+      gemm.linear(attn.as<uint16_t>(), w.w_o, m, h, qd(), delta_f32());
       mark(kGemm);
       if (w.b_o != nullptr) {  // tensor parallelism: rank 0's bias only (zeros elsewhere), before the sum
-        cuda_ops::add_bias(delta.as<float>(), w.b_o, m, h, s());
+        cuda_ops::add_bias(delta_f32(), w.b_o, m, h, s());
         mark(kOther);
       }
       all_reduce_delta(m);
-      cuda_ops::add_rms_norm(resid.as<float>(), delta.as<float>(), w.post_norm, eps, m, h, x.as<uint16_t>(), s());
+      cuda_ops::add_rms_norm(resid.as<float>(), delta_f32(), w.post_norm, eps, m, h, x.as<uint16_t>(), s());
       mark(kOther);
       gemm.linear(x.as<uint16_t>(), w.w_gate_up, m, 2 * inter, h, gate_up.as<uint16_t>());
       mark(kGemm);
       cuda_ops::silu_mul(gate_up.as<uint16_t>(), m, inter, act.as<uint16_t>(), s());
       mark(kOther);
-      gemm.linear(act.as<uint16_t>(), w.w_down, m, h, inter, delta.as<float>());
+      gemm.linear(act.as<uint16_t>(), w.w_down, m, h, inter, delta_f32());
       mark(kGemm);
       all_reduce_delta(m);
     }
@@ -240,7 +249,7 @@ struct GpuModel::Impl {
   void lm_head(int64_t first, int64_t rows, const std::function<void(int64_t, int64_t)>& take) {
     const ModelConfig& c = config;
     const int64_t h = c.hidden_size;
-    cuda_ops::add_rms_norm(resid.as<float>() + first * h, delta.as<float>() + first * h, weights.final_norm,
+    cuda_ops::add_rms_norm(resid.as<float>() + first * h, delta_f32() + first * h, weights.final_norm,
                            static_cast<float>(c.rms_norm_eps), static_cast<int>(rows), h, x.as<uint16_t>() + first * h,
                            s());
     mark(kOther);

@@ -176,7 +176,7 @@ std::vector<float> GpuModel::prefill_batch(std::span<const PrefillSeq> seqs) {
       if (ends.empty()) continue;
       // Final norm of every row, then the LM head on the gathered rows that end a sequence (the ends
       // of one chunk belong to consecutive sequences from first_end_seq on).
-      cuda_ops::add_rms_norm(m.resid.as<float>(), m.delta.as<float>(), m.weights.final_norm,
+      cuda_ops::add_rms_norm(m.resid.as<float>(), m.delta_f32(), m.weights.final_norm,
                              static_cast<float>(c.rms_norm_eps), rows, h, m.x.as<uint16_t>(), m.s());
       m.x_last.reserve(static_cast<size_t>(kMaxLogitRows * h) * 2);
       const int64_t num_ends = static_cast<int64_t>(ends.size());

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -127,6 +128,7 @@ struct TpGpuModel::Impl {
   DecodeTimes times;  // steps / total_ms of whole calls
   int64_t replica_mismatches = 0;
   std::vector<std::vector<int32_t>> greedy;  // [tp] each rank's tokens of the current call
+  std::string reduce_path;
 
   Impl(const ModelConfig& whole, TpGpuModelOptions opt)
       : config(whole), options(std::move(opt)), tp(options.tp), device_failed(static_cast<size_t>(std::max(1, options.tp))),
@@ -152,8 +154,33 @@ struct TpGpuModel::Impl {
     greedy.resize(static_cast<size_t>(tp));
     // Communicators first: NCCL's buffers must not find the devices filled by the KV pools.
     comms = NcclComm::create_group(devices, options.timeout);
+    make_windows();
     for (int r = 0; r < tp; ++r) workers.push_back(std::make_unique<RankWorker>(devices[static_cast<size_t>(r)]));
     ranks.resize(static_cast<size_t>(tp));
+  }
+
+  // Symmetric windows for the all-reduces (TpGpuModelOptions::symmetric_windows), or the reason why not.
+  void make_windows() {
+    const char* env = std::getenv("FT_NCCL_SYMMETRIC");
+    if (!options.symmetric_windows || (env != nullptr && std::string(env) == "0")) {
+      reduce_path = "nccl (symmetric windows off)";
+      return;
+    }
+    const int64_t rows = std::max<int64_t>(options.model.prefill_chunk, kTpWindowMinRows);
+    const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(config.hidden_size) * 4;
+    std::string why;
+    try {
+      why = NcclComm::create_symmetric_windows(comms, bytes);
+    } catch (const Error& e) {  // registration failed half-way: the group was aborted, make a new one
+      why = e.message();
+      NcclComm::destroy_group(comms);
+      comms = NcclComm::create_group(devices, options.timeout);
+    }
+    if (why.empty()) {
+      reduce_path = "nccl symmetric windows (" + str(static_cast<int64_t>(comms[0]->window_bytes() >> 20)) + " MiB per rank)";
+    } else {
+      reduce_path = "nccl (no symmetric windows: " + why + ")";
+    }
   }
 
   ~Impl() {
@@ -182,6 +209,8 @@ struct TpGpuModel::Impl {
       device_failed[static_cast<size_t>(r)].store(true);
       comm->abort();  // this rank's thread owns the communicator
     };
+    o.tp.reduce_buffer = static_cast<float*>(comm->window());
+    o.tp.reduce_buffer_bytes = comm->window_bytes();
     if (options.before_all_reduce) {
       auto hook = options.before_all_reduce;
       o.tp.before_all_reduce = [hook, r](int64_t index) { hook(r, index); };
@@ -309,6 +338,7 @@ int32_t TpGpuModel::num_slots() const { return impl_->num_slots; }
 int TpGpuModel::tp() const { return impl_->tp; }
 const ModelConfig& TpGpuModel::local_config() const { return impl_->local; }
 const Plan& TpGpuModel::last_plan() const { return impl_->plan; }
+const std::string& TpGpuModel::all_reduce_path() const { return impl_->reduce_path; }
 const std::vector<std::string>& TpGpuModel::last_rank_errors() const { return impl_->rank_errors; }
 int64_t TpGpuModel::replica_mismatches() const { return impl_->replica_mismatches; }
 

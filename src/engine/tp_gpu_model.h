@@ -61,7 +61,14 @@ struct TpGpuModelOptions {
   // Called on rank `rank`'s thread before each of its all-reduces with the index of that all-reduce
   // within the call (0, 1, ...: 2 per layer); may throw or stall: tests inject failures through it.
   std::function<void(int rank, int64_t index)> before_all_reduce;
+  // All-reduce on NCCL symmetric windows (cuda/nccl_comm.h): each rank's row-parallel GEMM output
+  // lives in a registered window of max(prefill_chunk, kTpWindowMinRows) rows, so NCCL can run its
+  // low-latency symmetric kernels. Falls back to plain buffers (all_reduce_path() says why) when the
+  // host cannot make the windows. FT_NCCL_SYMMETRIC=0 in the environment turns it off (A/B runs).
+  bool symmetric_windows = true;
 };
+
+inline constexpr int kTpWindowMinRows = 1024;
 
 class TpGpuModel final : public DecoderModel {
  public:
@@ -94,6 +101,8 @@ class TpGpuModel final : public DecoderModel {
   DecodeTimes decode_times() const override;
   void reset_times() override;
 
+  // How the all-reduces run: "nccl symmetric windows (N MiB per rank)" or "nccl (...: why not)".
+  const std::string& all_reduce_path() const;
   // Every rank's error message of the last failed call ("" for a rank that finished).
   const std::vector<std::string>& last_rank_errors() const;
   // Decode steps whose greedy tokens differed between rank 0 and another rank (replicated LM head:

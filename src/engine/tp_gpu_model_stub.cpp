@@ -43,6 +43,7 @@ std::vector<int32_t> TpGpuModel::decode_greedy(const DecodeBatch&, DecodeAttenti
 void TpGpuModel::set_profiling(bool) { not_built(0); }
 DecodeTimes TpGpuModel::decode_times() const { not_built(0); }
 void TpGpuModel::reset_times() { not_built(0); }
+const std::string& TpGpuModel::all_reduce_path() const { not_built(0); }
 const std::vector<std::string>& TpGpuModel::last_rank_errors() const { not_built(0); }
 int64_t TpGpuModel::replica_mismatches() const { not_built(0); }
 
