@@ -10,8 +10,9 @@
 //
 //   TpGpu.NcclAllReduce*       fp32 and bf16 sums over 2 GPUs; a peer that skips a collective
 //                              makes wait() throw after its timeout (never a hang)
-//   TpGpu.*Symmetric*          in-place sums on NCCL symmetric windows; a model on windows gives
-//                              the logits of one without, bit for bit (also above the window's rows)
+//   TpGpu.*Symmetric* / P2p*   in-place sums on NCCL symmetric windows and the P2P one-shot kernel
+//                              (a missing peer: timeout error, abort ends a waiting kernel); models
+//                              on windows / P2P give the logits of plain NCCL, bit for bit
 //   TpGpu.MatchesTp1*          prefill (chunked, all logits, cached context) and tree decode
 //                              batches, host weights (tiny / biased / replicated-kv configs), device
 //                              random weights (sharded init == tp 1's weights), golden checkpoints
@@ -45,6 +46,7 @@
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/nccl_comm.h"
+#include "cuda/p2p_all_reduce.h"
 #include "engine/cpu_model.h"
 #include "engine/gpu_model.h"
 #include "engine/gpu_weights.h"
@@ -323,23 +325,102 @@ TEST(TpGpu, NcclSymmetricWindowsSumInPlace) {
   NcclComm::destroy_group(comms);
 }
 
-// The same model with and without symmetric windows gives bit-identical logits (a sum of two fp32
-// values does not depend on the kernel that computes it), also for a decode batch of more rows than
-// the window holds (those calls fall back to the model's own buffer).
-TEST(TpGpu, SymmetricWindowsGiveTheLogitsOfPlainBuffers) {
+// P2P one-shot all-reduce (cuda/p2p_all_reduce.h): exact in-place sums, repeated (the per-block
+// epochs advance), every size class of the kernel; a peer that never arrives makes the kernel give
+// up after its timeout (check() throws, no hang), and abort() ends a waiting kernel at once.
+TEST(TpGpu, P2pAllReduceSumsAndGivesUpWithoutAPeer) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::vector<int> devices = {0, 1};
+  std::string why;
+  auto group = P2pAllReduce::create_group(devices, size_t{8} << 20, std::chrono::milliseconds(1500), &why);
+  if (group.empty()) GTEST_SKIP() << "no peer access: " << why;
+  ASSERT_EQ(group.size(), 2u);
+  EXPECT_EQ(group[0]->max_count(), (size_t{8} << 20) / 4);
+  EXPECT_FALSE(group[0]->accepts(group[0]->buffer(), 6));                       // not a multiple of 4
+  EXPECT_FALSE(group[0]->accepts(group[0]->buffer() + 4, 8));                   // not the buffer
+  EXPECT_FALSE(group[0]->accepts(group[0]->buffer(), group[0]->max_count() + 4));
+  std::vector<std::string> errors(2);
+  const std::vector<size_t> counts = {4, 1000, 65536 * 4 + 12, size_t{1} << 20, group[0]->max_count()};
+  auto body = [&](int r) {
+    try {
+      cuda_set_device(r);
+      CudaStream stream;
+      P2pAllReduce& g = *group[static_cast<size_t>(r)];
+      for (size_t n : counts) {
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1021) * (r == 0 ? 0.5f : 3.0f) + static_cast<float>(r);
+        copy_to_device(g.buffer(), x.data(), n * 4, stream.get());
+        for (int rep = 0; rep < 2; ++rep) g.all_reduce_sum_fp32(g.buffer(), n, stream.get());
+        copy_to_host(x.data(), g.buffer(), n * 4, stream.get());
+        stream.synchronize();
+        g.check();
+        for (size_t i = 0; i < n; ++i) {
+          const float once = static_cast<float>(i % 1021) * 3.5f + 1.0f;  // exact in fp32
+          if (x[i] != once * 2.0f)
+            throw std::runtime_error("count " + std::to_string(n) + " element " + std::to_string(i) + ": " +
+                                     std::to_string(x[i]) + " != " + std::to_string(once * 2.0f));
+        }
+      }
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  };
+  {
+    std::jthread t1(body, 1);
+    body(0);
+  }
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  // Rank 1 never joins: rank 0's kernel gives up after 1.5 s and leaves its buffer unchanged.
+  cuda_set_device(0);
+  CudaStream stream;
+  const std::vector<float> mine(64, 2.5f);
+  copy_to_device(group[0]->buffer(), mine.data(), 64 * 4, stream.get());
+  const auto t0 = Clock::now();
+  group[0]->all_reduce_sum_fp32(group[0]->buffer(), 64, stream.get());
+  stream.synchronize();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 20.0);
+  expect_error([&] { group[0]->check(); }, {"P2P all-reduce rank 0 of 2", "did not reach the all-reduce within 1500 ms"});
+  std::vector<float> back(64);
+  copy_to_host(back.data(), group[0]->buffer(), 64 * 4, stream.get());
+  stream.synchronize();
+  EXPECT_EQ(back, mine);
+  // abort() from another thread ends a kernel that would otherwise wait its whole timeout.
+  auto slow = P2pAllReduce::create_group(devices, 4096, std::chrono::milliseconds(600000), &why);
+  ASSERT_EQ(slow.size(), 2u);
+  const auto t1 = Clock::now();
+  slow[0]->all_reduce_sum_fp32(slow[0]->buffer(), 64, stream.get());
+  std::jthread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    slow[1]->abort();
+  });
+  stream.synchronize();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 20.0);
+  expect_error([&] { slow[0]->check(); }, {"did not reach the all-reduce"});
+  EXPECT_TRUE(slow[0]->aborted());
+  expect_error([&] { slow[0]->all_reduce_sum_fp32(slow[0]->buffer(), 64, stream.get()); }, {"after the group was aborted"});
+}
+
+// The same model on plain NCCL buffers, on symmetric windows and on the P2P one-shot all-reduce
+// gives bit-identical logits (a sum of two fp32 values does not depend on the kernel that computes
+// it), also for a decode batch of more rows than the window holds (those calls fall back to the
+// model's own buffer and NCCL).
+TEST(TpGpu, SymmetricWindowsAndP2pGiveTheLogitsOfPlainBuffers) {
   SKIP_WITHOUT_TWO_GPUS();
   const ModelConfig c = model_preset("tiny");
   const ModelWeights w = random_weights(c, 79);
-  TpGpuModelOptions plain_opt = tp2(8), sym_opt = tp2(8);
+  TpGpuModelOptions plain_opt = tp2(8), sym_opt = tp2(8), p2p_opt = tp2(8);
   plain_opt.symmetric_windows = false;
-  TpGpuModel plain(w, 4096, plain_opt), sym(w, 4096, sym_opt);
-  std::cout << "[ tp gpu ] all-reduce: " << sym.all_reduce_path() << "\n";
+  plain_opt.p2p_all_reduce = false;
+  sym_opt.p2p_all_reduce = false;
+  TpGpuModel plain(w, 4096, plain_opt), sym(w, 4096, sym_opt), p2p(w, 4096, p2p_opt);
+  std::cout << "[ tp gpu ] all-reduce: " << sym.all_reduce_path() << "; " << p2p.all_reduce_path() << "\n";
   EXPECT_EQ(plain.all_reduce_path(), "nccl (symmetric windows off)");
-  if (sym.all_reduce_path().rfind("nccl symmetric windows", 0) != 0)
-    GTEST_SKIP() << "no symmetric windows on this host: " << sym.all_reduce_path();
   const int vocab = c.vocab_size;
   const Vec a = random_tokens(21, 4, vocab);
-  EXPECT_EQ(sym.prefill(a, iota(0, 21), iota(0, 21), {}, true), plain.prefill(a, iota(0, 21), iota(0, 21), {}, true));
+  const std::vector<float> ref = plain.prefill(a, iota(0, 21), iota(0, 21), {}, true);
+  EXPECT_EQ(sym.prefill(a, iota(0, 21), iota(0, 21), {}, true), ref);
+  EXPECT_EQ(p2p.prefill(a, iota(0, 21), iota(0, 21), {}, true), ref);
   for (int32_t b : {3, kTpWindowMinRows + 6}) {  // fits the window / does not
     SCOPED_TRACE("decode batch " + std::to_string(b));
     std::vector<Vec> paths;
@@ -354,7 +435,9 @@ TEST(TpGpu, SymmetricWindowsGiveTheLogitsOfPlainBuffers) {
     }
     const KvTree tree = kv_tree_from_paths(paths, PathSharing::kShared);
     const DecodeBatch batch{tokens, pos, slots, &tree};
-    EXPECT_EQ(sym.decode(batch), plain.decode(batch));
+    const std::vector<float> want = plain.decode(batch);
+    EXPECT_EQ(sym.decode(batch), want);
+    EXPECT_EQ(p2p.decode(batch), want);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/nccl_comm.h"
+#include "cuda/p2p_all_reduce.h"
 #include "engine/gpu_weights.h"
 #include "engine/tp_shard.h"
 #include "plan/planner.h"
@@ -117,6 +118,7 @@ struct TpGpuModel::Impl {
   int tp = 1;
   std::vector<int> devices;
   std::vector<std::unique_ptr<NcclComm>> comms;
+  std::vector<std::unique_ptr<P2pAllReduce>> p2p;  // empty unless the one-shot all-reduce is on
   std::vector<std::unique_ptr<RankWorker>> workers;
   std::vector<std::unique_ptr<GpuModel>> ranks;
   std::vector<std::atomic<bool>> device_failed;
@@ -161,6 +163,18 @@ struct TpGpuModel::Impl {
 
   // Symmetric windows for the all-reduces (TpGpuModelOptions::symmetric_windows), or the reason why not.
   void make_windows() {
+    const char* p2p_env = std::getenv("FT_TP_P2P");
+    std::string p2p_why;
+    if (options.p2p_all_reduce && !(p2p_env != nullptr && std::string(p2p_env) == "0")) {
+      const size_t bytes = std::min(kTpP2pMaxBytes, static_cast<size_t>(std::max<int64_t>(options.model.prefill_chunk,
+                                                                                          kTpWindowMinRows)) *
+                                                        static_cast<size_t>(config.hidden_size) * 4);
+      p2p = P2pAllReduce::create_group(devices, bytes, options.timeout, &p2p_why);
+      if (!p2p.empty()) {
+        reduce_path = "p2p one-shot up to " + str(static_cast<int64_t>(p2p[0]->buffer_bytes() >> 10)) + " KiB, nccl above";
+        return;
+      }
+    }
     const char* env = std::getenv("FT_NCCL_SYMMETRIC");
     if (!options.symmetric_windows || (env != nullptr && std::string(env) == "0")) {
       reduce_path = "nccl (symmetric windows off)";
@@ -200,17 +214,31 @@ struct TpGpuModel::Impl {
     o.tp_rank = r;
     o.tp_size = tp;
     NcclComm* comm = comms[static_cast<size_t>(r)].get();
+    P2pAllReduce* one_shot = p2p.empty() ? nullptr : p2p[static_cast<size_t>(r)].get();
     const auto timeout = options.timeout;
-    o.tp.all_reduce = [comm](float* data, size_t count, CUstream_st* stream) {
-      comm->all_reduce_sum_fp32(data, count, stream);
+    o.tp.all_reduce = [comm, one_shot](float* data, size_t count, CUstream_st* stream) {
+      if (one_shot != nullptr && one_shot->accepts(data, count)) {
+        one_shot->all_reduce_sum_fp32(data, count, stream);
+      } else {
+        comm->all_reduce_sum_fp32(data, count, stream);
+      }
     };
-    o.tp.wait = [comm, timeout](CUstream_st* stream) { comm->wait(stream, timeout); };
-    o.tp.on_error = [this, comm, r] {
+    o.tp.wait = [comm, one_shot, timeout](CUstream_st* stream) {
+      comm->wait(stream, timeout);
+      if (one_shot != nullptr) one_shot->check();
+    };
+    o.tp.on_error = [this, comm, one_shot, r] {
       device_failed[static_cast<size_t>(r)].store(true);
+      if (one_shot != nullptr) one_shot->abort();  // peers' kernels waiting for this rank give up
       comm->abort();  // this rank's thread owns the communicator
     };
-    o.tp.reduce_buffer = static_cast<float*>(comm->window());
-    o.tp.reduce_buffer_bytes = comm->window_bytes();
+    if (one_shot != nullptr) {
+      o.tp.reduce_buffer = one_shot->buffer();
+      o.tp.reduce_buffer_bytes = one_shot->buffer_bytes();
+    } else {
+      o.tp.reduce_buffer = static_cast<float*>(comm->window());
+      o.tp.reduce_buffer_bytes = comm->window_bytes();
+    }
     if (options.before_all_reduce) {
       auto hook = options.before_all_reduce;
       o.tp.before_all_reduce = [hook, r](int64_t index) { hook(r, index); };
@@ -258,6 +286,7 @@ struct TpGpuModel::Impl {
             if (first < 0) first = r, first_msg = msg;
           }
           if (collective && device_failed[static_cast<size_t>(r)].load()) {
+            if (!p2p.empty()) p2p[0]->abort();  // the whole group's kernels
             for (int o = 0; o < tp; ++o)
               if (o != r) comms[static_cast<size_t>(o)]->request_abort("rank " + str(r) + " failed: " + msg);
           }

@@ -66,7 +66,14 @@ struct TpGpuModelOptions {
   // low-latency symmetric kernels. Falls back to plain buffers (all_reduce_path() says why) when the
   // host cannot make the windows. FT_NCCL_SYMMETRIC=0 in the environment turns it off (A/B runs).
   bool symmetric_windows = true;
+  // One-shot all-reduce over peer access (cuda/p2p_all_reduce.h) for every all-reduce of at most
+  // kTpP2pMaxBytes (decode steps): the rank's buffer takes the place of the symmetric window, and
+  // larger all-reduces (prefill) go to NCCL. Needs peer access between every pair of devices (else
+  // NCCL as above; all_reduce_path() says which). FT_TP_P2P=0 in the environment turns it off.
+  bool p2p_all_reduce = true;
 };
+
+inline constexpr size_t kTpP2pMaxBytes = size_t{8} << 20;
 
 inline constexpr int kTpWindowMinRows = 1024;
 
@@ -101,7 +108,8 @@ class TpGpuModel final : public DecoderModel {
   DecodeTimes decode_times() const override;
   void reset_times() override;
 
-  // How the all-reduces run: "nccl symmetric windows (N MiB per rank)" or "nccl (...: why not)".
+  // How the all-reduces run: "p2p one-shot up to N MiB, nccl above", "nccl symmetric windows (N MiB
+  // per rank)" or "nccl (...: why not)".
   const std::string& all_reduce_path() const;
   // Every rank's error message of the last failed call ("" for a rank that finished).
   const std::vector<std::string>& last_rank_errors() const;
