@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -401,6 +402,65 @@ TEST(TpGpu, P2pAllReduceSumsAndGivesUpWithoutAPeer) {
   expect_error([&] { slow[0]->all_reduce_sum_fp32(slow[0]->buffer(), 64, stream.get()); }, {"after the group was aborted"});
 }
 
+// Timing (run explicitly: --gtest_also_run_disabled_tests): microseconds per in-place all-reduce on
+// 2 GPUs, 300 back-to-back calls per rank after 30 of warm-up, wall time of both ranks / calls:
+// plain NCCL, NCCL on symmetric windows (fp32 and bf16) and the P2P one-shot kernel.
+TEST(TpGpu, DISABLED_AllReduceTimings) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::vector<int> devices = {0, 1};
+  auto comms = NcclComm::create_group(devices);
+  const std::string why = NcclComm::create_symmetric_windows(comms, size_t{8} << 20);
+  std::string p2p_why;
+  auto p2p = P2pAllReduce::create_group(devices, size_t{8} << 20, std::chrono::milliseconds(30000), &p2p_why);
+  std::cout << "[ timing ] windows: " << (why.empty() ? "yes" : why) << "; p2p: " << (p2p.empty() ? p2p_why : "yes") << "\n";
+  for (size_t bytes : {size_t{256} << 10, size_t{1} << 20, size_t{2} << 20, size_t{8} << 20}) {
+    for (int kind = 0; kind < 5; ++kind) {  // 0 plain fp32, 1 plain bf16, 2 window fp32, 3 window bf16, 4 p2p
+      if ((kind == 2 || kind == 3) && !why.empty()) continue;
+      if (kind == 4 && p2p.empty()) continue;
+      std::vector<double> us(2, 0.0);
+      std::vector<std::string> errors(2);
+      std::atomic<int> ready{0};
+      auto body = [&](int r) {
+        try {
+          cuda_set_device(r);
+          CudaStream stream;
+          DeviceBuffer own(bytes);
+          void* data = own.data();
+          if (kind == 2 || kind == 3) data = comms[static_cast<size_t>(r)]->window();
+          if (kind == 4) data = p2p[static_cast<size_t>(r)]->buffer();
+          memset_device(data, 0, bytes, stream.get());
+          auto once = [&] {
+            if (kind == 4) p2p[static_cast<size_t>(r)]->all_reduce_sum_fp32(static_cast<float*>(data), bytes / 4, stream.get());
+            else if (kind == 1 || kind == 3) comms[static_cast<size_t>(r)]->all_reduce_sum_bf16(data, bytes / 2, stream.get());
+            else comms[static_cast<size_t>(r)]->all_reduce_sum_fp32(static_cast<float*>(data), bytes / 4, stream.get());
+          };
+          for (int i = 0; i < 30; ++i) once();
+          comms[static_cast<size_t>(r)]->wait(stream.get(), std::chrono::milliseconds(30000));
+          ready.fetch_add(1);
+          while (ready.load() < 2) std::this_thread::yield();
+          const auto t0 = Clock::now();
+          for (int i = 0; i < 300; ++i) once();
+          comms[static_cast<size_t>(r)]->wait(stream.get(), std::chrono::milliseconds(30000));
+          us[static_cast<size_t>(r)] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 300;
+          if (kind == 4) p2p[static_cast<size_t>(r)]->check();
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      };
+      {
+        std::jthread t1(body, 1);
+        body(0);
+      }
+      ASSERT_EQ(errors[0], "");
+      ASSERT_EQ(errors[1], "");
+      static const char* names[] = {"nccl fp32", "nccl bf16", "nccl window fp32", "nccl window bf16", "p2p fp32"};
+      std::cout << "[ timing ] " << (bytes >> 10) << " KiB " << names[kind] << ": " << std::max(us[0], us[1]) << " us\n";
+    }
+  }
+  p2p.clear();
+  NcclComm::destroy_group(comms);
+}
+
 // The same model on plain NCCL buffers, on symmetric windows and on the P2P one-shot all-reduce
 // gives bit-identical logits (a sum of two fp32 values does not depend on the kernel that computes
 // it), also for a decode batch of more rows than the window holds (those calls fall back to the
@@ -413,6 +473,7 @@ TEST(TpGpu, SymmetricWindowsAndP2pGiveTheLogitsOfPlainBuffers) {
   plain_opt.symmetric_windows = false;
   plain_opt.p2p_all_reduce = false;
   sym_opt.p2p_all_reduce = false;
+  p2p_opt.p2p_all_reduce = true;
   TpGpuModel plain(w, 4096, plain_opt), sym(w, 4096, sym_opt), p2p(w, 4096, p2p_opt);
   std::cout << "[ tp gpu ] all-reduce: " << sym.all_reduce_path() << "; " << p2p.all_reduce_path() << "\n";
   EXPECT_EQ(plain.all_reduce_path(), "nccl (symmetric windows off)");

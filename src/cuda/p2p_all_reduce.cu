@@ -83,6 +83,10 @@ __global__ void __launch_bounds__(kP2pThreads) p2p_all_reduce_kernel(const __gri
     }
     acc[v] = s;
   }
+  // This thread's loads of the peers' buffers are complete before the block says "done reading"
+  // (a barrier alone does not wait for loads in flight; measured: without it a fast peer could
+  // overwrite its buffer while this rank still read it).
+  __threadfence_system();
   if (!peer_barrier(p, 1, e)) {  // every peer has read this block's range of this rank's buffer
     if (threadIdx.x == 0) *p.error_flag = 1;
     return;

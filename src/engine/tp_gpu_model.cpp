@@ -164,8 +164,9 @@ struct TpGpuModel::Impl {
   // Symmetric windows for the all-reduces (TpGpuModelOptions::symmetric_windows), or the reason why not.
   void make_windows() {
     const char* p2p_env = std::getenv("FT_TP_P2P");
+    const bool want_p2p = p2p_env != nullptr ? std::string(p2p_env) != "0" : options.p2p_all_reduce;
     std::string p2p_why;
-    if (options.p2p_all_reduce && !(p2p_env != nullptr && std::string(p2p_env) == "0")) {
+    if (want_p2p) {
       const size_t bytes = std::min(kTpP2pMaxBytes, static_cast<size_t>(std::max<int64_t>(options.model.prefill_chunk,
                                                                                           kTpWindowMinRows)) *
                                                         static_cast<size_t>(config.hidden_size) * 4);
