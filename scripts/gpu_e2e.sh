@@ -74,10 +74,11 @@ if has tp; then
   done
 fi
 if has tpab; then
-  for v in tp1 tp2 tp2-plain tp2-p2p tp1-unprofiled tp2-unprofiled; do
+  for v in tp1 tp2 tp2-plain tp2-p2p tp2-p2pnopoll tp1-unprofiled tp2-unprofiled; do
     t=${v:2:1}; env=(); extra=()
     [ "$v" = tp2-plain ] && env=(FT_NCCL_SYMMETRIC=0)
     [ "$v" = tp2-p2p ] && env=(FT_TP_P2P=1)
+    [ "$v" = tp2-p2pnopoll ] && env=(FT_TP_P2P=1 FT_P2P_POLL_MASK=0xffffff)
     [[ "$v" == *unprofiled ]] && extra=(--profile-every 0)
     run "ab-$v" 150 env "${env[@]}" "$B/fasttree" bench-e2e --backend cuda --tp "$t" --preset llama2-7b --workload D \
       --attention fasttree --no-progress "${extra[@]}" --csv "$OUT/h200x2-tp-ab.csv" --commit "$COMMIT-$v"

@@ -45,7 +45,7 @@ __device__ bool peer_barrier(const P2pAllReduceParams& p, int phase, uint32_t e)
     const uint32_t* mine = p.flags[p.rank] + flag_index(phase, blockIdx.x, q);
     const uint64_t t0 = global_timer_ns();
     for (uint32_t i = 0; static_cast<int32_t>(ld_acquire_sys(mine) - e) < 0; ++i) {
-      if ((i & 127u) == 127u && (*p.abort_flag != 0 || global_timer_ns() - t0 > p.timeout_ns)) {
+      if ((i & p.poll_mask) == p.poll_mask && (*p.abort_flag != 0 || global_timer_ns() - t0 > p.timeout_ns)) {
         ok = false;
         break;
       }

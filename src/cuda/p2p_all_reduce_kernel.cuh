@@ -24,6 +24,7 @@ struct P2pAllReduceParams {
   int rank, nranks;
   int vec_per_thread;                    // float4 per thread (<= kP2pMaxVecPerThread)
   uint64_t timeout_ns;
+  uint32_t poll_mask;                    // the abort flag and the clock are read every poll_mask + 1 spins
 };
 
 // Blocks = ceil(count4 / (kP2pThreads * vec_per_thread)) <= kP2pMaxBlocks (the caller sizes it).
