@@ -16,9 +16,9 @@
 #   Concatenate the two CSVs (one header) into bench/results/h200x2-tp.csv; each step prints the
 #   all-reduce share of the profiled decode steps ("all-reduce ..." lines, comm_ms column).
 #   unprofiled        llama2-7b workload D, both attentions, no profiling events at all (step time)
-#   tpab      (2 GPUs) llama2-7b workload D, FastTree, 256 new tokens: tp 1, tp 2 (default: NCCL on
-#             symmetric windows), tp 2 on plain NCCL buffers (FT_NCCL_SYMMETRIC=0), tp 2 with the
-#             experimental P2P all-reduce (FT_TP_P2P=1); tp 1 and tp 2 again unprofiled -> h200x2-tp-ab.csv
+#   tpab      (2 GPUs) llama2-7b workload D, FastTree, 256 new tokens: tp 1, tp 2 (default: P2P one-shot
+#             all-reduce), tp 2 on NCCL symmetric windows (FT_TP_P2P=0) and on plain NCCL buffers (also
+#             FT_NCCL_SYMMETRIC=0); tp 1, tp 2 and tp 2 symmetric again unprofiled -> h200x2-tp-ab.csv
 # Logs and CSVs land in $OUT (default ./out).
 set -uo pipefail
 B=${1:-build-gpu}
@@ -74,11 +74,10 @@ if has tp; then
   done
 fi
 if has tpab; then
-  for v in tp1 tp2 tp2-plain tp2-p2p tp2-p2pnopoll tp1-unprofiled tp2-unprofiled; do
+  for v in tp1 tp2 tp2-sym tp2-plain tp1-unprofiled tp2-unprofiled tp2-sym-unprofiled; do
     t=${v:2:1}; env=(); extra=()
-    [ "$v" = tp2-plain ] && env=(FT_NCCL_SYMMETRIC=0)
-    [ "$v" = tp2-p2p ] && env=(FT_TP_P2P=1)
-    [ "$v" = tp2-p2pnopoll ] && env=(FT_TP_P2P=1 FT_P2P_POLL_MASK=0xffffff)
+    [[ "$v" == tp2-sym* ]] && env=(FT_TP_P2P=0)
+    [ "$v" = tp2-plain ] && env=(FT_TP_P2P=0 FT_NCCL_SYMMETRIC=0)
     [[ "$v" == *unprofiled ]] && extra=(--profile-every 0)
     run "ab-$v" 150 env "${env[@]}" "$B/fasttree" bench-e2e --backend cuda --tp "$t" --preset llama2-7b --workload D \
       --attention fasttree --no-progress "${extra[@]}" --csv "$OUT/h200x2-tp-ab.csv" --commit "$COMMIT-$v"

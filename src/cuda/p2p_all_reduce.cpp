@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
@@ -124,8 +123,6 @@ std::vector<std::unique_ptr<P2pAllReduce>> P2pAllReduce::create_group(std::span<
       p.rank = i;
       p.nranks = n;
       p.timeout_ns = static_cast<uint64_t>(timeout.count()) * 1000000ull;
-      p.poll_mask = 127;
-      if (const char* env = std::getenv("FT_P2P_POLL_MASK")) p.poll_mask = static_cast<uint32_t>(std::strtoul(env, nullptr, 0));
     }
   } catch (...) {
     impls.clear();

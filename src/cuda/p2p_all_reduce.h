@@ -16,10 +16,11 @@
 // captured in CUDA graphs and replayed. Counts must be a multiple of 4 and fit in the buffer and
 // in one wave of the kernel (max_count()); larger all-reduces go to NCCL.
 //
-// Never a hang: a kernel waiting for a peer gives up after `timeout` (device clock) or as soon as
-// abort() is called on any rank of the group (a flag in mapped host memory that every rank's
-// kernel polls), leaves its buffer unchanged and records the failure; check() (after the stream
-// completed) then throws an Error naming the rank. After an abort the group stays aborted.
+// Never a hang: a kernel waiting for a peer gives up after `timeout` (device clock) or soon after
+// abort() is called on any rank of the group (a flag in mapped host memory that a wait reads once it
+// has lasted 1 ms: reading host memory on every wait cost ~100 us per all-reduce), leaves its buffer
+// unchanged and records the failure; check() (after the stream completed) then throws an Error
+// naming the rank. After an abort the group stays aborted.
 #pragma once
 #include <chrono>
 #include <cstddef>

@@ -11,6 +11,7 @@ inline constexpr int kP2pMaxRanks = 8;
 inline constexpr int kP2pThreads = 512;
 inline constexpr int kP2pMaxBlocks = 128;     // one wave (<= one block per SM): every block resident
 inline constexpr int kP2pMaxVecPerThread = 8; // float4 per thread held between the two barriers
+inline constexpr uint64_t kP2pHostPollAfterNs = 1000000;  // waits read the host abort flag after 1 ms
 inline constexpr size_t kP2pMaxCount = size_t{kP2pMaxBlocks} * kP2pThreads * kP2pMaxVecPerThread * 4;
 
 struct P2pAllReduceParams {
@@ -24,7 +25,6 @@ struct P2pAllReduceParams {
   int rank, nranks;
   int vec_per_thread;                    // float4 per thread (<= kP2pMaxVecPerThread)
   uint64_t timeout_ns;
-  uint32_t poll_mask;                    // the abort flag and the clock are read every poll_mask + 1 spins
 };
 
 // Blocks = ceil(count4 / (kP2pThreads * vec_per_thread)) <= kP2pMaxBlocks (the caller sizes it).
