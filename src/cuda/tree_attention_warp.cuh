@@ -23,7 +23,10 @@
 namespace fasttree::cuda_detail {
 
 inline constexpr int kWarpUnitThreads = 64;
-inline constexpr int kWarpUnitMinBlocks = 5;
+#ifndef FT_WARP_MIN_BLOCKS  // A/B builds: -DFT_WARP_MIN_BLOCKS=N (register cap 65536 / (64 N))
+#define FT_WARP_MIN_BLOCKS 5
+#endif
+inline constexpr int kWarpUnitMinBlocks = FT_WARP_MIN_BLOCKS;
 
 __device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
