@@ -14,9 +14,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/executor.h"
@@ -659,6 +661,61 @@ TEST(EnginePlanExtend, PatchedPlanComputesTheGrownTreesAttention) {
     }
     if (variant != 1) EXPECT_EQ(replanned, 0);
   }
+}
+
+// The merge that re-sorts a patched plan's items (no temporary buffer) orders them exactly as a
+// stable sort by length would; the scratch kept between steps changes nothing either.
+TEST(EnginePlanExtend, ReSortEqualsAStableSortAndScratchChangesNothing) {
+  const AttnShape shape{4, 2, 16};
+  PlannerConfig cfg;
+  cfg.split = false;  // every step extends
+  Planner planner(cfg);
+  int32_t next = 0;
+  KvTree tree = batch_tree(9, 77, next);
+  KvTree tree2 = tree;
+  Plan plan, plan2;
+  planner.build(tree, shape, plan);
+  plan2 = plan;
+  PlanExtendScratch scratch;
+  auto key = [](const PlanItem& it) { return std::tuple(it.vnode, it.kv_begin, it.q_begin, it.q_count, it.out_row); };
+  for (int step = 0; step < 25; ++step) {
+    Vec slots(9);
+    for (auto& x : slots) x = next++;
+    const std::vector<PlanItem> before = plan.items;
+    grow_query_leaves(tree, slots, &scratch);
+    grow_query_leaves(tree2, slots);
+    ASSERT_EQ(tree.slots, tree2.slots);
+    ASSERT_EQ(tree.slot_begin, tree2.slot_begin);
+    ASSERT_TRUE(extend_plan(plan, tree, cfg, &scratch));
+    ASSERT_TRUE(extend_plan(plan2, tree2, cfg));
+    // Expected: the old order with the new lengths, stable-sorted longest first.
+    std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>, int32_t> len;
+    for (const PlanItem& it : plan.items) len[key(it)] = it.kv_len;
+    std::vector<PlanItem> want = before;
+    for (PlanItem& it : want) {
+      ASSERT_TRUE(len.count(key(it)));
+      ASSERT_TRUE(len[key(it)] == it.kv_len || len[key(it)] == it.kv_len + 1);
+      it.kv_len = len[key(it)];
+    }
+    std::stable_sort(want.begin(), want.end(), [](const PlanItem& a, const PlanItem& b) { return a.kv_len > b.kv_len; });
+    ASSERT_EQ(want.size(), plan.items.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(key(want[i]), key(plan.items[i])) << "step " << step << " item " << i;
+      ASSERT_EQ(want[i].kv_len, plan.items[i].kv_len);
+      ASSERT_EQ(key(plan2.items[i]), key(plan.items[i]));
+    }
+    ASSERT_EQ(plan.segments.size(), plan2.segments.size());
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      ASSERT_EQ(plan.segments[i].slot_offset, plan2.segments[i].slot_offset);
+      ASSERT_EQ(plan.segments[i].len, plan2.segments[i].len);
+    }
+    validate_plan(plan, tree);
+  }
+  // A refused growth leaves the tree as it was (the scratch may hold anything).
+  const KvTree kept = tree;
+  expect_error([&] { grow_query_leaves(tree, Vec{1, 2}, &scratch); }, {"2 new slots for 9 queries"});
+  EXPECT_EQ(tree.slots, kept.slots);
+  EXPECT_EQ(tree.slot_begin, kept.slot_begin);
 }
 
 TEST(EnginePlanExtend, RefusesWhatItCannotPatch) {

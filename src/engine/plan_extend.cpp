@@ -9,12 +9,15 @@
 
 namespace fasttree {
 
-void grow_query_leaves(KvTree& tree, std::span<const int32_t> new_slots) {
+void grow_query_leaves(KvTree& tree, std::span<const int32_t> new_slots, PlanExtendScratch* scratch) {
+  PlanExtendScratch local;
+  PlanExtendScratch& w = scratch != nullptr ? *scratch : local;
   const int n = tree.num_nodes();
   const int nq = tree.num_queries();
   FT_CHECK(static_cast<int>(new_slots.size()) == nq, "grow_query_leaves: " + std::to_string(new_slots.size()) +
                                                          " new slots for " + std::to_string(nq) + " queries");
-  std::vector<int32_t> grow(static_cast<size_t>(n), 0);  // per node: 1 + index of its query, 0 = none
+  std::vector<int32_t>& grow = w.grow;  // per node: 1 + index of its query, 0 = none
+  grow.assign(static_cast<size_t>(n), 0);
   for (int q = 0; q < nq; ++q) {
     const int v = tree.query_node[q];
     FT_CHECK(v >= 0 && v < n, "grow_query_leaves: query " + std::to_string(q) + " at missing node " + std::to_string(v));
@@ -28,9 +31,12 @@ void grow_query_leaves(KvTree& tree, std::span<const int32_t> new_slots) {
                                         "'s node " + std::to_string(p) + " is not a leaf (node " + std::to_string(v) +
                                         " is its child)");
   }
-  std::vector<int32_t> slots;
-  slots.reserve(tree.slots.size() + static_cast<size_t>(nq));
-  std::vector<int64_t> begin(static_cast<size_t>(n) + 1, 0);
+  std::vector<int32_t>& slots = w.slots;
+  slots.clear();
+  const size_t need = tree.slots.size() + static_cast<size_t>(nq);
+  if (slots.capacity() < need) slots.reserve(std::max(need, 2 * slots.capacity()));  // geometric: few regrowths
+  std::vector<int64_t>& begin = w.slot_begin;
+  begin.assign(static_cast<size_t>(n) + 1, 0);
   for (int v = 0; v < n; ++v) {
     begin[v] = static_cast<int64_t>(slots.size());
     const auto s = tree.node_slots(v);
@@ -38,19 +44,23 @@ void grow_query_leaves(KvTree& tree, std::span<const int32_t> new_slots) {
     if (grow[v] > 0) slots.push_back(new_slots[static_cast<size_t>(grow[v] - 1)]);
   }
   begin[n] = static_cast<int64_t>(slots.size());
-  tree.slots = std::move(slots);
-  tree.slot_begin = std::move(begin);
+  tree.slots.swap(slots);  // the old arrays stay in the scratch for the next step
+  tree.slot_begin.swap(begin);
 }
 
-bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config) {
+bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config, PlanExtendScratch* scratch) {
+  PlanExtendScratch local;
+  PlanExtendScratch& w = scratch != nullptr ? *scratch : local;
   const int n = grown.num_nodes();
   const int nq = grown.num_queries();
   const int nv = plan.num_vnodes();
   if (plan.num_queries != nq || static_cast<int>(plan.node_vnode.size()) != n ||
       static_cast<int>(plan.vnode_len.size()) != nv || static_cast<int>(plan.vnode_seg_begin.size()) != nv + 1)
     return false;
-  std::vector<uint8_t> is_leaf(static_cast<size_t>(n), 0);
-  std::vector<int32_t> grown_vnode(static_cast<size_t>(nv), 0);  // 1: the vnode ends at a grown leaf
+  std::vector<uint8_t>& is_leaf = w.is_leaf;
+  is_leaf.assign(static_cast<size_t>(n), 0);
+  std::vector<int32_t>& grown_vnode = w.grown_vnode;  // 1: the vnode ends at a grown leaf
+  grown_vnode.assign(static_cast<size_t>(nv), 0);
   for (int q = 0; q < nq; ++q) {
     const int v = grown.query_node[q];
     if (v < 0 || v >= n) return false;
@@ -87,7 +97,10 @@ bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config) {
   }
   // Items: the last chunk of every grown vnode gets the new token, unless the planner would chunk
   // the grown vnode differently (Planner::build_items: chunk target from the total work).
-  std::vector<int32_t> first_chunk(static_cast<size_t>(nv), 0), tiles(static_cast<size_t>(nv), 0);
+  std::vector<int32_t>& first_chunk = w.first_chunk;
+  std::vector<int32_t>& tiles = w.tiles;
+  first_chunk.assign(static_cast<size_t>(nv), 0);
+  tiles.assign(static_cast<size_t>(nv), 0);
   for (const PlanItem& it : plan.items) {
     if (it.vnode < 0 || it.vnode >= nv) return false;
     if (it.kv_begin == 0) {
@@ -108,11 +121,31 @@ bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config) {
       if (it.kv_begin == 0 ? len > target : len > first_chunk[it.vnode]) return false;
     }
   }
-  for (PlanItem& it : plan.items)
-    if (grown_vnode[it.vnode] && it.kv_begin + it.kv_len == plan.vnode_len[it.vnode]) it.kv_len += 1;
+  // The items were sorted longest first (as the planner and earlier extensions leave them); the grown ones (one token longer) and the others are each
+  // still sorted, so a merge of the two runs, ties in their old order, re-sorts them exactly as a
+  // stable sort would, without its temporary buffer.
+  w.grown_items.clear(), w.other_items.clear(), w.grown_pos.clear(), w.other_pos.clear();
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    PlanItem it = plan.items[i];
+    if (grown_vnode[it.vnode] && it.kv_begin + it.kv_len == plan.vnode_len[it.vnode]) {
+      it.kv_len += 1;
+      w.grown_items.push_back(it);
+      w.grown_pos.push_back(static_cast<int32_t>(i));
+    } else {
+      w.other_items.push_back(it);
+      w.other_pos.push_back(static_cast<int32_t>(i));
+    }
+  }
+  size_t a = 0, b = 0, out = 0;
+  while (a < w.grown_items.size() || b < w.other_items.size()) {
+    bool take_grown = b == w.other_items.size();
+    if (a < w.grown_items.size() && b < w.other_items.size()) {
+      const int32_t la = w.grown_items[a].kv_len, lb = w.other_items[b].kv_len;
+      take_grown = la > lb || (la == lb && w.grown_pos[a] < w.other_pos[b]);
+    }
+    plan.items[out++] = take_grown ? w.grown_items[a++] : w.other_items[b++];
+  }
   for (int vn = 0; vn < nv; ++vn) plan.vnode_len[vn] += grown_vnode[vn];
-  std::stable_sort(plan.items.begin(), plan.items.end(),
-                   [](const PlanItem& a, const PlanItem& b) { return a.kv_len > b.kv_len; });
   return true;
 }
 

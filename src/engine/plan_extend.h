@@ -23,9 +23,14 @@
 //                                        O(nodes + segments + items log items).
 // The patched plan is exactly what the executors need (validate_plan accepts it), though not
 // necessarily what the planner would build from scratch for the grown tree.
+//
+// Both take an optional PlanExtendScratch: with one kept between steps they allocate nothing once
+// its buffers (and the tree's) have grown to the batch's size, apart from the tree's slot array
+// growing by doubling as the sequences lengthen (the scheduler's decode loop keeps one).
 #pragma once
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/kv_tree.h"
 #include "plan/plan.h"
@@ -33,8 +38,21 @@
 
 namespace fasttree {
 
-void grow_query_leaves(KvTree& tree, std::span<const int32_t> new_slots);
+// Workspace of grow_query_leaves / extend_plan, reused between decode steps.
+struct PlanExtendScratch {
+  std::vector<int32_t> grow;            // [nodes] 1 + the node's query, 0 = none
+  std::vector<int32_t> slots;           // the grown tree's slots (swapped with the tree's)
+  std::vector<int64_t> slot_begin;      // [nodes + 1]
+  std::vector<uint8_t> is_leaf;         // [nodes]
+  std::vector<int32_t> grown_vnode;     // [vnodes] 1: the vnode ends at a grown leaf
+  std::vector<int32_t> first_chunk;     // [vnodes]
+  std::vector<int32_t> tiles;           // [vnodes]
+  std::vector<PlanItem> grown_items, other_items;  // the re-sort's two runs
+  std::vector<int32_t> grown_pos, other_pos;       // their positions before the re-sort
+};
 
-bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config);
+void grow_query_leaves(KvTree& tree, std::span<const int32_t> new_slots, PlanExtendScratch* scratch = nullptr);
+
+bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config, PlanExtendScratch* scratch = nullptr);
 
 }  // namespace fasttree

@@ -277,9 +277,9 @@ void Scheduler::decode_step() {
     }
     batch_changed_ = false;
   } else {
-    grow_query_leaves(tree_, step_slots_);
+    grow_query_leaves(tree_, step_slots_, &extend_scratch_);
     if (fasttree) {
-      if (extend_plan(plan_, tree_, options_.planner)) {
+      if (extend_plan(plan_, tree_, options_.planner, &extend_scratch_)) {
         ++stats_.plan_extensions;
         planned = true;
       }

@@ -45,6 +45,7 @@
 #include "core/radix_cache.h"
 #include "core/slot_pool.h"
 #include "engine/model.h"
+#include "engine/plan_extend.h"
 #include "engine/sampler.h"
 #include "engine/slot_paths.h"
 #include "plan/plan.h"
@@ -200,6 +201,7 @@ class Scheduler {
   bool batch_changed_ = true;
   KvTree tree_;
   Plan plan_;
+  PlanExtendScratch extend_scratch_;  // grow_query_leaves / extend_plan workspace between steps
   SchedulerStats stats_;
   // Per-step buffers.
   std::vector<int32_t> step_tokens_, step_positions_, step_slots_;
