@@ -156,45 +156,47 @@ struct TpGpuModel::Impl {
     greedy.resize(static_cast<size_t>(tp));
     // Communicators first: NCCL's buffers must not find the devices filled by the KV pools.
     comms = NcclComm::create_group(devices, options.timeout);
-    make_windows();
+    choose_all_reduce();
     for (int r = 0; r < tp; ++r) workers.push_back(std::make_unique<RankWorker>(devices[static_cast<size_t>(r)]));
     ranks.resize(static_cast<size_t>(tp));
   }
 
-  // Symmetric windows for the all-reduces (TpGpuModelOptions::symmetric_windows), or the reason why not.
-  void make_windows() {
+  // How the all-reduces run (TpGpuModelOptions::p2p_all_reduce, symmetric_windows): the P2P
+  // one-shot group, else NCCL symmetric windows, else plain NCCL; reduce_path says which and why.
+  // Either buffer holds the row-parallel outputs of a call of up to max(prefill_chunk,
+  // kTpWindowMinRows) rows (the P2P one at most kTpP2pMaxBytes).
+  void choose_all_reduce() {
+    const size_t rows_bytes = static_cast<size_t>(std::max<int64_t>(options.model.prefill_chunk, kTpWindowMinRows)) *
+                              static_cast<size_t>(config.hidden_size) * 4;
     const char* p2p_env = std::getenv("FT_TP_P2P");
     const bool want_p2p = p2p_env != nullptr ? std::string(p2p_env) != "0" : options.p2p_all_reduce;
-    std::string p2p_why;
+    std::string no_p2p;  // why the P2P group was wanted but not made
     if (want_p2p) {
-      const size_t bytes = std::min(kTpP2pMaxBytes, static_cast<size_t>(std::max<int64_t>(options.model.prefill_chunk,
-                                                                                          kTpWindowMinRows)) *
-                                                        static_cast<size_t>(config.hidden_size) * 4);
-      p2p = P2pAllReduce::create_group(devices, bytes, options.timeout, &p2p_why);
+      p2p = P2pAllReduce::create_group(devices, std::min(kTpP2pMaxBytes, rows_bytes), options.timeout, &no_p2p);
       if (!p2p.empty()) {
         reduce_path = "p2p one-shot up to " + str(static_cast<int64_t>(p2p[0]->buffer_bytes() >> 10)) + " KiB, nccl above";
         return;
       }
+      no_p2p = "; no p2p: " + no_p2p;
     }
     const char* env = std::getenv("FT_NCCL_SYMMETRIC");
     if (!options.symmetric_windows || (env != nullptr && std::string(env) == "0")) {
-      reduce_path = "nccl (symmetric windows off)";
+      reduce_path = "nccl (symmetric windows off" + no_p2p + ")";
       return;
     }
-    const int64_t rows = std::max<int64_t>(options.model.prefill_chunk, kTpWindowMinRows);
-    const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(config.hidden_size) * 4;
     std::string why;
     try {
-      why = NcclComm::create_symmetric_windows(comms, bytes);
+      why = NcclComm::create_symmetric_windows(comms, rows_bytes);
     } catch (const Error& e) {  // registration failed half-way: the group was aborted, make a new one
       why = e.message();
       NcclComm::destroy_group(comms);
       comms = NcclComm::create_group(devices, options.timeout);
     }
     if (why.empty()) {
-      reduce_path = "nccl symmetric windows (" + str(static_cast<int64_t>(comms[0]->window_bytes() >> 20)) + " MiB per rank)";
+      reduce_path = "nccl symmetric windows (" + str(static_cast<int64_t>(comms[0]->window_bytes() >> 20)) +
+                    " MiB per rank" + no_p2p + ")";
     } else {
-      reduce_path = "nccl (no symmetric windows: " + why + ")";
+      reduce_path = "nccl (no symmetric windows: " + why + no_p2p + ")";
     }
   }
 
