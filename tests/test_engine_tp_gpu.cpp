@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <numeric>
@@ -190,6 +191,24 @@ std::vector<GenerationRequest> tree_requests(int vocab) {
 }
 
 
+// Runs body(r) for ranks 0 and 1 at once (rank 1 on a second thread); each rank's exception
+// message, "" for a rank that finished.
+std::vector<std::string> on_two_ranks(const std::function<void(int)>& body) {
+  std::vector<std::string> errors(2);
+  auto run = [&](int r) {
+    try {
+      body(r);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  };
+  {
+    std::jthread t1(run, 1);
+    run(0);
+  }
+  return errors;
+}
+
 // ---- NCCL ---------------------------------------------------------------------------------------
 
 TEST(TpGpu, NcclAllReduceSumsFp32AndBf16) {
@@ -201,37 +220,28 @@ TEST(TpGpu, NcclAllReduceSumsFp32AndBf16) {
   constexpr size_t n = 3000;
   std::vector<std::vector<float>> f32(2);
   std::vector<std::vector<uint16_t>> bf(2);
-  std::vector<std::string> errors(2);
-  auto body = [&](int r) {
-    try {
-      cuda_set_device(r);
-      CudaStream stream;
-      std::vector<float> x(n);
-      std::vector<uint16_t> y(n);
-      for (size_t i = 0; i < n; ++i) {
-        x[i] = static_cast<float>(i % 97) * (r == 0 ? 1.0f : 0.5f) + static_cast<float>(r);
-        y[i] = float_to_bf16(static_cast<float>(i % 13 + r));  // small integers: exact in bf16
-      }
-      DeviceBuffer dx(n * 4), dy(n * 2);
-      copy_to_device(dx.data(), x.data(), n * 4, stream.get());
-      copy_to_device(dy.data(), y.data(), n * 2, stream.get());
-      NcclComm& c = *comms[static_cast<size_t>(r)];
-      c.all_reduce_sum_fp32(dx.as<float>(), n, stream.get());
-      c.all_reduce_sum_bf16(dy.data(), n, stream.get());
-      c.wait(stream.get(), std::chrono::milliseconds(30000));
-      copy_to_host(x.data(), dx.data(), n * 4, stream.get());
-      copy_to_host(y.data(), dy.data(), n * 2, stream.get());
-      stream.synchronize();
-      f32[static_cast<size_t>(r)] = x;
-      bf[static_cast<size_t>(r)] = y;
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = e.what();
+  const std::vector<std::string> errors = on_two_ranks([&](int r) {
+    cuda_set_device(r);
+    CudaStream stream;
+    std::vector<float> x(n);
+    std::vector<uint16_t> y(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>(i % 97) * (r == 0 ? 1.0f : 0.5f) + static_cast<float>(r);
+      y[i] = float_to_bf16(static_cast<float>(i % 13 + r));  // small integers: exact in bf16
     }
-  };
-  {
-    std::jthread t1(body, 1);
-    body(0);
-  }
+    DeviceBuffer dx(n * 4), dy(n * 2);
+    copy_to_device(dx.data(), x.data(), n * 4, stream.get());
+    copy_to_device(dy.data(), y.data(), n * 2, stream.get());
+    NcclComm& c = *comms[static_cast<size_t>(r)];
+    c.all_reduce_sum_fp32(dx.as<float>(), n, stream.get());
+    c.all_reduce_sum_bf16(dy.data(), n, stream.get());
+    c.wait(stream.get(), std::chrono::milliseconds(30000));
+    copy_to_host(x.data(), dx.data(), n * 4, stream.get());
+    copy_to_host(y.data(), dy.data(), n * 2, stream.get());
+    stream.synchronize();
+    f32[static_cast<size_t>(r)] = x;
+    bf[static_cast<size_t>(r)] = y;
+  });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
   for (int r = 0; r < 2; ++r)
@@ -290,32 +300,23 @@ TEST(TpGpu, NcclSymmetricWindowsSumInPlace) {
     GTEST_SKIP() << "no symmetric windows on this host: " << why;
   }
   std::vector<std::vector<float>> got(2);
-  std::vector<std::string> errors(2);
-  auto body = [&](int r) {
-    try {
-      cuda_set_device(r);
-      CudaStream stream;
-      NcclComm& c = *comms[static_cast<size_t>(r)];
-      if (c.window() == nullptr || c.window_bytes() < n * 4) throw std::runtime_error("window missing or short");
-      std::vector<float> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1013) * (r == 0 ? 0.25f : 2.0f) - static_cast<float>(r);
-      float* w = static_cast<float*>(c.window());
-      copy_to_device(w, x.data(), n * 4, stream.get());
-      for (int rep = 0; rep < 3; ++rep) {  // repeated: the second and third sum the previous sums
-        c.all_reduce_sum_fp32(w, n, stream.get());
-        c.wait(stream.get(), std::chrono::milliseconds(30000));
-      }
-      copy_to_host(x.data(), w, n * 4, stream.get());
-      stream.synchronize();
-      got[static_cast<size_t>(r)] = x;
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = e.what();
+  const std::vector<std::string> errors = on_two_ranks([&](int r) {
+    cuda_set_device(r);
+    CudaStream stream;
+    NcclComm& c = *comms[static_cast<size_t>(r)];
+    if (c.window() == nullptr || c.window_bytes() < n * 4) throw std::runtime_error("window missing or short");
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1013) * (r == 0 ? 0.25f : 2.0f) - static_cast<float>(r);
+    float* w = static_cast<float*>(c.window());
+    copy_to_device(w, x.data(), n * 4, stream.get());
+    for (int rep = 0; rep < 3; ++rep) {  // repeated: the second and third sum the previous sums
+      c.all_reduce_sum_fp32(w, n, stream.get());
+      c.wait(stream.get(), std::chrono::milliseconds(30000));
     }
-  };
-  {
-    std::jthread t1(body, 1);
-    body(0);
-  }
+    copy_to_host(x.data(), w, n * 4, stream.get());
+    stream.synchronize();
+    got[static_cast<size_t>(r)] = x;
+  });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
   for (int r = 0; r < 2; ++r)
@@ -340,36 +341,27 @@ TEST(TpGpu, P2pAllReduceSumsAndGivesUpWithoutAPeer) {
   EXPECT_FALSE(group[0]->accepts(group[0]->buffer(), 6));                       // not a multiple of 4
   EXPECT_FALSE(group[0]->accepts(group[0]->buffer() + 4, 8));                   // not the buffer
   EXPECT_FALSE(group[0]->accepts(group[0]->buffer(), group[0]->max_count() + 4));
-  std::vector<std::string> errors(2);
   const std::vector<size_t> counts = {4, 1000, 65536 * 4 + 12, size_t{1} << 20, group[0]->max_count()};
-  auto body = [&](int r) {
-    try {
-      cuda_set_device(r);
-      CudaStream stream;
-      P2pAllReduce& g = *group[static_cast<size_t>(r)];
-      for (size_t n : counts) {
-        std::vector<float> x(n);
-        for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1021) * (r == 0 ? 0.5f : 3.0f) + static_cast<float>(r);
-        copy_to_device(g.buffer(), x.data(), n * 4, stream.get());
-        for (int rep = 0; rep < 2; ++rep) g.all_reduce_sum_fp32(g.buffer(), n, stream.get());
-        copy_to_host(x.data(), g.buffer(), n * 4, stream.get());
-        stream.synchronize();
-        g.check();
-        for (size_t i = 0; i < n; ++i) {
-          const float once = static_cast<float>(i % 1021) * 3.5f + 1.0f;  // exact in fp32
-          if (x[i] != once * 2.0f)
-            throw std::runtime_error("count " + std::to_string(n) + " element " + std::to_string(i) + ": " +
-                                     std::to_string(x[i]) + " != " + std::to_string(once * 2.0f));
-        }
+  const std::vector<std::string> errors = on_two_ranks([&](int r) {
+    cuda_set_device(r);
+    CudaStream stream;
+    P2pAllReduce& g = *group[static_cast<size_t>(r)];
+    for (size_t n : counts) {
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1021) * (r == 0 ? 0.5f : 3.0f) + static_cast<float>(r);
+      copy_to_device(g.buffer(), x.data(), n * 4, stream.get());
+      for (int rep = 0; rep < 2; ++rep) g.all_reduce_sum_fp32(g.buffer(), n, stream.get());
+      copy_to_host(x.data(), g.buffer(), n * 4, stream.get());
+      stream.synchronize();
+      g.check();
+      for (size_t i = 0; i < n; ++i) {
+        const float once = static_cast<float>(i % 1021) * 3.5f + 1.0f;  // exact in fp32
+        if (x[i] != once * 2.0f)
+          throw std::runtime_error("count " + std::to_string(n) + " element " + std::to_string(i) + ": " +
+                                   std::to_string(x[i]) + " != " + std::to_string(once * 2.0f));
       }
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(r)] = e.what();
     }
-  };
-  {
-    std::jthread t1(body, 1);
-    body(0);
-  }
+  });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
   // Rank 1 never joins: rank 0's kernel gives up after 1.5 s and leaves its buffer unchanged.
@@ -419,39 +411,30 @@ TEST(TpGpu, DISABLED_AllReduceTimings) {
       if ((kind == 2 || kind == 3) && !why.empty()) continue;
       if (kind == 4 && p2p.empty()) continue;
       std::vector<double> us(2, 0.0);
-      std::vector<std::string> errors(2);
       std::atomic<int> ready{0};
-      auto body = [&](int r) {
-        try {
-          cuda_set_device(r);
-          CudaStream stream;
-          DeviceBuffer own(bytes);
-          void* data = own.data();
-          if (kind == 2 || kind == 3) data = comms[static_cast<size_t>(r)]->window();
-          if (kind == 4) data = p2p[static_cast<size_t>(r)]->buffer();
-          memset_device(data, 0, bytes, stream.get());
-          auto once = [&] {
-            if (kind == 4) p2p[static_cast<size_t>(r)]->all_reduce_sum_fp32(static_cast<float*>(data), bytes / 4, stream.get());
-            else if (kind == 1 || kind == 3) comms[static_cast<size_t>(r)]->all_reduce_sum_bf16(data, bytes / 2, stream.get());
-            else comms[static_cast<size_t>(r)]->all_reduce_sum_fp32(static_cast<float*>(data), bytes / 4, stream.get());
-          };
-          for (int i = 0; i < 30; ++i) once();
-          comms[static_cast<size_t>(r)]->wait(stream.get(), std::chrono::milliseconds(30000));
-          ready.fetch_add(1);
-          while (ready.load() < 2) std::this_thread::yield();
-          const auto t0 = Clock::now();
-          for (int i = 0; i < 300; ++i) once();
-          comms[static_cast<size_t>(r)]->wait(stream.get(), std::chrono::milliseconds(30000));
-          us[static_cast<size_t>(r)] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 300;
-          if (kind == 4) p2p[static_cast<size_t>(r)]->check();
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
-      };
-      {
-        std::jthread t1(body, 1);
-        body(0);
-      }
+      const std::vector<std::string> errors = on_two_ranks([&](int r) {
+        cuda_set_device(r);
+        CudaStream stream;
+        DeviceBuffer own(bytes);
+        void* data = own.data();
+        if (kind == 2 || kind == 3) data = comms[static_cast<size_t>(r)]->window();
+        if (kind == 4) data = p2p[static_cast<size_t>(r)]->buffer();
+        memset_device(data, 0, bytes, stream.get());
+        auto once = [&] {
+          if (kind == 4) p2p[static_cast<size_t>(r)]->all_reduce_sum_fp32(static_cast<float*>(data), bytes / 4, stream.get());
+          else if (kind == 1 || kind == 3) comms[static_cast<size_t>(r)]->all_reduce_sum_bf16(data, bytes / 2, stream.get());
+          else comms[static_cast<size_t>(r)]->all_reduce_sum_fp32(static_cast<float*>(data), bytes / 4, stream.get());
+        };
+        for (int i = 0; i < 30; ++i) once();
+        comms[static_cast<size_t>(r)]->wait(stream.get(), std::chrono::milliseconds(30000));
+        ready.fetch_add(1);
+        while (ready.load() < 2) std::this_thread::yield();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < 300; ++i) once();
+        comms[static_cast<size_t>(r)]->wait(stream.get(), std::chrono::milliseconds(30000));
+        us[static_cast<size_t>(r)] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 300;
+        if (kind == 4) p2p[static_cast<size_t>(r)]->check();
+      });
       ASSERT_EQ(errors[0], "");
       ASSERT_EQ(errors[1], "");
       static const char* names[] = {"nccl fp32", "nccl bf16", "nccl window fp32", "nccl window bf16", "p2p fp32"};
