@@ -108,20 +108,27 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
   opt.poison_outputs = true;
   Errors worst;
   // Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
-  // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too).
-  // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the warp path.
-  for (int mode = 0; mode < 4; ++mode) {
+  // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too), the
+  // latter with the cp.async-staged warp kernel (2) and the register one (4).
+  // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the staged warp path
+  // with a ring of 3 jobs and 3 warps per CTA (modes 2: 2 jobs, 2 warps).
+  for (int mode = 0; mode < 5; ++mode) {
     const bool fused = mode == 0;
-    if (mode == 2 && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
+    const bool warp_mode = mode == 2 || mode == 4;
+    if (warp_mode && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
     opt.fuse_merge = fused;
-    opt.warp_unit_max_kv = mode == 2 || (mode == 3 && s.head_dim <= 128) ? (1 << 30) : 0;
+    opt.warp_unit_max_kv = warp_mode || (mode == 3 && s.head_dim <= 128) ? (1 << 30) : 0;
     opt.warp_unit_min_units = 0;
     opt.warp_overlap = 1;  // the warp kernel beside the main kernel (side stream)
+    opt.warp_staged = mode == 4 ? 0 : 1;
+    opt.warp_stages = mode == 3 ? 3 : 2;
+    opt.warp_cta_warps = mode == 3 ? 3 : 2;
     opt.kv_head_major = mode == 3;
     const char* tag = mode == 0   ? " [fused merge]"
                       : mode == 1 ? " [merge launch]"
-                      : mode == 2 ? " [warp-per-unit + merge launch]"
-                                  : " [head-major K/V]";
+                      : mode == 2 ? " [staged warp-per-unit + merge launch]"
+                      : mode == 3 ? " [head-major K/V]"
+                                  : " [register warp-per-unit + merge launch]";
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
     const Errors e = compare(out, lse, ref.out, ref.lse);
@@ -430,6 +437,7 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
       warp.warp_unit_max_kv = 1 << 30;
       warp.warp_unit_min_units = 0;
       warp.warp_overlap = overlap;
+      warp.warp_staged = 1;
       const std::string tag = std::string("warp-per-unit") + (overlap ? " overlapped" : " serialized") +
                               (use_graph ? " graph" : " repeats");
       std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);

@@ -117,6 +117,9 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
   opt.warp_overlap = options.warp_overlap;
+  opt.warp_staged = options.warp_staged;
+  opt.warp_stages = options.warp_stages;
+  opt.warp_cta_warps = options.warp_cta_warps;
   if (options.kv_head_major) {
     opt.kv_layout = KvLayout::kHeadMajor;
     opt.kv_slots = num_slots;
@@ -229,6 +232,9 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
   opt.warp_overlap = options.warp_overlap;
+  opt.warp_staged = options.warp_staged;
+  opt.warp_stages = options.warp_stages;
+  opt.warp_cta_warps = options.warp_cta_warps;
   opt.run_merge = !options.skip_merge;
   if (options.kv_head_major) {
     opt.kv_layout = KvLayout::kHeadMajor;

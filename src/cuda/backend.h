@@ -44,6 +44,9 @@ struct CudaRunOptions {
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
   int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
+  int warp_staged = -1;          // CudaTreeAttentionOptions::warp_staged
+  int warp_stages = -1;          // CudaTreeAttentionOptions::warp_stages
+  int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
   bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
 };
 
@@ -76,6 +79,9 @@ struct CudaTimingOptions {
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
   int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
+  int warp_staged = -1;          // CudaTreeAttentionOptions::warp_staged
+  int warp_stages = -1;          // CudaTreeAttentionOptions::warp_stages
+  int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
   bool kv_head_major = false;    // K/V pools laid out [Hkv, S, d] (KvLayout::kHeadMajor)
 };

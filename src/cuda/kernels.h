@@ -26,13 +26,19 @@ int tree_kernel_prepare(TreeKernelInfo& info);
 template <int DType, int D>
 int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream);
 
-// Warp-per-unit kernel for short units (tree_attention_warp.cuh; head_dim 64 and 128 only, else
-// cudaErrorInvalidValue): prepare reports its resident CTAs per SM, launch runs `grid` persistent
-// CTAs of kWarpUnitThreads threads over units [counts->num_units, counts->num_all_units).
+// Warp-per-unit kernel for short units (head_dim 64 and 128 only, else cudaErrorInvalidValue):
+// stages 2 or 3 = the cp.async-staged kernel (tree_attention_warp_staged.cuh) with that ring depth
+// and `warps` warps (1 .. 4) per CTA; stages 0 = the register kernel (tree_attention_warp.cuh,
+// kWarpUnitThreads threads). prepare sets the kernel's attributes and reports its resident CTAs per
+// SM; launch runs `grid` persistent CTAs over units [counts->num_units, counts->num_all_units).
+struct WarpKernelShape {
+  int stages = 2;
+  int warps = 2;
+};
 template <int DType, int D>
-int warp_kernel_prepare(int& ctas_per_sm);
+int warp_kernel_prepare(int& ctas_per_sm, const WarpKernelShape& shape);
 template <int DType, int D>
-int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream);
+int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream, const WarpKernelShape& shape);
 
 // Launches the merge kernel (grid-stride over non-direct queries x heads). pdl: as a programmatic
 // dependent of the kernel enqueued just before it on `stream` (that kernel must be the one writing

@@ -50,20 +50,20 @@ int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_
   }
 }
 
-int prepare_warp_kernel(int dtype, int d, int& ctas_per_sm) {
+int prepare_warp_kernel(int dtype, int d, int& ctas_per_sm, const WarpKernelShape& staged) {
   const bool f16 = dtype == kDTypeF16;
   switch (d) {
-    case 64: return f16 ? warp_kernel_prepare<kDTypeF16, 64>(ctas_per_sm) : warp_kernel_prepare<kDTypeBF16, 64>(ctas_per_sm);
-    case 128: return f16 ? warp_kernel_prepare<kDTypeF16, 128>(ctas_per_sm) : warp_kernel_prepare<kDTypeBF16, 128>(ctas_per_sm);
+    case 64: return f16 ? warp_kernel_prepare<kDTypeF16, 64>(ctas_per_sm, staged) : warp_kernel_prepare<kDTypeBF16, 64>(ctas_per_sm, staged);
+    case 128: return f16 ? warp_kernel_prepare<kDTypeF16, 128>(ctas_per_sm, staged) : warp_kernel_prepare<kDTypeBF16, 128>(ctas_per_sm, staged);
     default: return cudaErrorInvalidValue;
   }
 }
 
-int launch_warp_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+int launch_warp_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream, const WarpKernelShape& staged) {
   const bool f16 = dtype == kDTypeF16;
   switch (d) {
-    case 64: return f16 ? warp_kernel_launch<kDTypeF16, 64>(p, grid, stream) : warp_kernel_launch<kDTypeBF16, 64>(p, grid, stream);
-    case 128: return f16 ? warp_kernel_launch<kDTypeF16, 128>(p, grid, stream) : warp_kernel_launch<kDTypeBF16, 128>(p, grid, stream);
+    case 64: return f16 ? warp_kernel_launch<kDTypeF16, 64>(p, grid, stream, staged) : warp_kernel_launch<kDTypeBF16, 64>(p, grid, stream, staged);
+    case 128: return f16 ? warp_kernel_launch<kDTypeF16, 128>(p, grid, stream, staged) : warp_kernel_launch<kDTypeBF16, 128>(p, grid, stream, staged);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -82,6 +82,7 @@ struct CudaTreeAttention::Impl {
   int warp_max_kv = 0;  // resolved warp_unit_max_kv (0: warp-per-unit path off)
   int warp_min_units = 0;
   int warp_grid = 0;
+  WarpKernelShape warp_shape;  // warp kernel variant (resolved options; stages 0 = register kernel)
   bool warp_overlap = false;  // warp kernel on side_stream beside the main kernel
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   cudaStream_t side_stream = nullptr;
@@ -240,9 +241,21 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
     const char* env = std::getenv("FT_WARP_MIN_UNITS");
     m.warp_min_units = env != nullptr ? std::max(0, std::atoi(env)) : kDefaultWarpUnitMinUnits;
   }
+  auto env_or = [](int v, const char* name, int dflt) {
+    if (v >= 0) return v;
+    const char* env = std::getenv(name);
+    return env != nullptr ? std::atoi(env) : dflt;
+  };
+  const int staged = env_or(options.warp_staged, "FT_WARP_STAGED", kDefaultWarpStaged);
+  m.warp_shape.stages = staged != 0 ? env_or(options.warp_stages, "FT_WARP_STAGES", kDefaultWarpStages) : 0;
+  m.warp_shape.warps = env_or(options.warp_cta_warps, "FT_WARP_CTA_WARPS", kDefaultWarpCtaWarps);
+  FT_CHECK(m.warp_shape.stages == 0 || m.warp_shape.stages == 2 || m.warp_shape.stages == 3,
+           "CUDA tree attention: warp_stages must be 2 or 3, got " + str(m.warp_shape.stages));
+  FT_CHECK(m.warp_shape.warps >= 1 && m.warp_shape.warps <= 4,
+           "CUDA tree attention: warp_cta_warps must be in [1, 4], got " + str(m.warp_shape.warps));
   if (m.warp_max_kv > 0) {
     int per = 0;
-    FT_CUDA_CHECK(prepare_warp_kernel(kernel_dtype(dtype), shape.head_dim, per));
+    FT_CUDA_CHECK(prepare_warp_kernel(kernel_dtype(dtype), shape.head_dim, per, m.warp_shape));
     per = std::max(per, 1);
     int want = options.warp_ctas_per_sm;
     if (want <= 0) {
@@ -545,11 +558,11 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       FT_CUDA_CHECK(cudaEventRecord(m.fork_event, stream));
       FT_CUDA_CHECK(cudaStreamWaitEvent(m.side_stream, m.fork_event, 0));
       FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
-      FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, m.side_stream));
+      FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, m.side_stream, m.warp_shape));
       FT_CUDA_CHECK(cudaEventRecord(m.join_event, m.side_stream));
       FT_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join_event, 0));
     } else {
-      if (has_warp) FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream));
+      if (has_warp) FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream, m.warp_shape));
       if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
       merge_follows_kernel = true;
     }

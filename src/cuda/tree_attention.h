@@ -79,6 +79,15 @@ struct CudaTreeAttentionOptions {
   // Warp-kernel CTAs per SM (64 threads each); <= 0: the FT_WARP_CTAS environment variable if set,
   // else as many as fit alone (2 per SM measured far worse: geomean 6.50x floor vs 5.06x).
   int warp_ctas_per_sm = 0;
+  // 1: the warp path runs the cp.async-staged kernel (tree_attention_warp_staged.cuh: each warp
+  // streams its units through a private shared-memory ring, several 16-token jobs in flight);
+  // 0: the register kernel (tree_attention_warp.cuh); < 0: the FT_WARP_STAGED environment variable
+  // if set, else kDefaultWarpStaged.
+  int warp_staged = -1;
+  // Staged kernel shape: ring depth (2 or 3 jobs of 16 tokens per warp) and warps per CTA (1..4);
+  // < 0: FT_WARP_STAGES / FT_WARP_CTA_WARPS if set, else the defaults below.
+  int warp_stages = -1;
+  int warp_cta_warps = -1;
   // 1: the merge kernel is launched as a programmatic dependent (PDL) of the tree kernel right
   // before it, so its CTAs are placed while the tree kernel drains (not with the warp kernel beside
   // the main one: there the merge waits on the join event); 0: a plain launch; < 0: the
@@ -88,6 +97,9 @@ struct CudaTreeAttentionOptions {
   int64_t kv_slots = 0;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 64;
+inline constexpr int kDefaultWarpStaged = 1;
+inline constexpr int kDefaultWarpStages = 2;
+inline constexpr int kDefaultWarpCtaWarps = 3;
 // Overlapped and serialized alike: with the overlap, thresholds 0 and 4096 measured the same
 // within noise (geomean 5.08 vs 5.06x floor; 0 was ~0.5 us slower on three 26-30 us cells).
 inline constexpr int kDefaultWarpUnitMinUnits = 4096;

@@ -8,6 +8,7 @@
 #include "cuda/kernels.h"
 #include "cuda/tree_attention_kernel.cuh"
 #include "cuda/tree_attention_warp.cuh"
+#include "cuda/tree_attention_warp_staged.cuh"
 
 namespace fasttree::cuda_detail {
 
@@ -43,21 +44,43 @@ int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stre
   return cudaGetLastError();
 }
 
+// Staged warp kernel of ring depth S with `warps` warps per CTA.
+template <class T, int D, int S>
+int warp_staged_prepare(int warps, int& ctas_per_sm) {
+  const auto kernel = warp_staged_kernel<T, D, S>;
+  const int smem = warps * WarpStagedCfg<D, S>::kWarpBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, 32 * warps, smem);
+}
+
 template <int DType, int D>
-int warp_kernel_prepare(int& ctas_per_sm) {
+int warp_kernel_prepare(int& ctas_per_sm, const WarpKernelShape& shape) {
   ctas_per_sm = 0;
   if constexpr (D == 64 || D == 128) {
-    const auto kernel = warp_unit_kernel<typename DTypeOf<DType>::T, D>;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, kWarpUnitThreads, 0);
+    using T = typename DTypeOf<DType>::T;
+    if (shape.stages == 2) return warp_staged_prepare<T, D, 2>(shape.warps, ctas_per_sm);
+    if (shape.stages == 3) return warp_staged_prepare<T, D, 3>(shape.warps, ctas_per_sm);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, warp_unit_kernel<T, D>, kWarpUnitThreads, 0);
   } else {
     return cudaErrorInvalidValue;
   }
 }
 
 template <int DType, int D>
-int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream) {
+int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream, const WarpKernelShape& shape) {
   if constexpr (D == 64 || D == 128) {
-    warp_unit_kernel<typename DTypeOf<DType>::T, D><<<grid, kWarpUnitThreads, 0, stream>>>(params);
+    using T = typename DTypeOf<DType>::T;
+    const dim3 block(32 * shape.warps);
+    if (shape.stages == 2) {
+      warp_staged_kernel<T, D, 2><<<grid, block, shape.warps * WarpStagedCfg<D, 2>::kWarpBytes, stream>>>(params);
+    } else if (shape.stages == 3) {
+      warp_staged_kernel<T, D, 3><<<grid, block, shape.warps * WarpStagedCfg<D, 3>::kWarpBytes, stream>>>(params);
+    } else {
+      warp_unit_kernel<T, D><<<grid, kWarpUnitThreads, 0, stream>>>(params);
+    }
     return cudaGetLastError();
   } else {
     return cudaErrorInvalidValue;
@@ -70,6 +93,6 @@ int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stre
   template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D>(fasttree::cuda_detail::TreeKernelInfo&); \
   template int fasttree::cuda_detail::tree_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
                                                                    CUstream_st*); \
-  template int fasttree::cuda_detail::warp_kernel_prepare<DTYPE, D>(int&);                              \
+  template int fasttree::cuda_detail::warp_kernel_prepare<DTYPE, D>(int&, const fasttree::cuda_detail::WarpKernelShape&);                              \
   template int fasttree::cuda_detail::warp_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
-                                                                   CUstream_st*);
+                                                                   CUstream_st*, const fasttree::cuda_detail::WarpKernelShape&);
