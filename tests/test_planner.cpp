@@ -102,6 +102,37 @@ TEST(Planner, ShortRootWithFewQueriesIsSplitByThePaperModel) {
   EXPECT_EQ(plan.num_vnodes(), 3);
 }
 
+TEST(Planner, DeltaChargesTheParentContextAConcatenatedChildReReads) {
+  // The paper level tree of the GQA-4 suite cells: the paper's model (delta = 0) concatenates most
+  // small nodes into their children (their tokens are then read once per child tile). Charging
+  // delta per re-read token concatenates less and streams fewer tokens (the greedy pass is not
+  // monotonic in delta, so each plan is compared with delta = 0); with a prohibitive delta only
+  // free concatenations (empty parent context) remain: none in this tree.
+  const KvTree t = tree_from_levels(std::vector<int64_t>{1, 16, 32, 64, 128, 1024},
+                                    std::vector<int64_t>{256, 128, 64, 16, 16, 16});
+  const AttnShape s{32, 8, 128};
+  PlanStats paper;
+  for (const double delta : {0.0, 1.0, 8.0, 64.0, 1e9}) {
+    PlannerConfig cfg;
+    cfg.delta = delta;
+    Plan plan;
+    Planner(cfg).build(t, s, plan);
+    validate_plan(plan, t);
+    const PlanStats st = plan_stats(plan, t);
+    if (delta == 0.0) {
+      EXPECT_GT(st.num_concat_edges, 1000) << "the paper's model concatenates the small levels";
+      paper = st;
+      continue;
+    }
+    EXPECT_LT(st.num_concat_edges, paper.num_concat_edges) << delta;
+    EXPECT_LT(st.plan_kv_tokens, paper.plan_kv_tokens) << delta;
+    if (delta == 1e9) EXPECT_EQ(st.num_concat_edges, 0);
+  }
+  PlannerConfig bad;
+  bad.delta = -1;
+  EXPECT_THROW(Planner{bad}, Error);
+}
+
 TEST(Planner, AblationPolicies) {
   const KvTree t = root_with_leaves(4000, 10, 400);
   PlannerConfig cfg;

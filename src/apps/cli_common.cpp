@@ -53,6 +53,7 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--alpha", opt.alpha, "Cost model alpha (query padding)");
   cmd.add_option("--beta", opt.beta, "Cost model beta (KV padding)");
   cmd.add_option("--gamma", opt.gamma, "Cost model gamma (per extra partial)");
+  cmd.add_option("--delta", opt.delta, "Cost model delta (per parent-context token re-read by a concatenated child's tiles)");
   cmd.add_option("--min-chunk", opt.min_chunk, "Shortest context chunk when splitting");
   cmd.add_option("--split-waves", opt.split_waves, "Split so the work fills this many waves of SMs");
   cmd.add_option("--tile-rows", opt.tile_rows, "Tile classes as query rows per tile, e.g. 64,32,16");
@@ -64,11 +65,12 @@ PlannerConfig make_planner_config(const PlannerOptions& opt) {
   cfg.split = !opt.no_split;
   FT_CHECK(opt.num_sms > 0 && opt.num_sms <= 4096, "--num-sms must be in [1, 4096]");
   cfg.num_sms = opt.num_sms;
-  for (const auto& [value, name] : {std::pair{opt.alpha, "--alpha"}, {opt.beta, "--beta"}, {opt.gamma, "--gamma"}})
+  for (const auto& [value, name] : {std::pair{opt.alpha, "--alpha"}, {opt.beta, "--beta"}, {opt.gamma, "--gamma"}, {opt.delta, "--delta"}})
     FT_CHECK(!value || (*value >= 0 && *value < 1e12), std::string(name) + " must be a non-negative number");
   if (opt.alpha) cfg.alpha = *opt.alpha;
   if (opt.beta) cfg.beta = *opt.beta;
   if (opt.gamma) cfg.gamma = *opt.gamma;
+  if (opt.delta) cfg.delta = *opt.delta;
   if (opt.min_chunk) {
     FT_CHECK(*opt.min_chunk >= 1, "--min-chunk must be >= 1");
     cfg.min_chunk = *opt.min_chunk;

@@ -33,7 +33,7 @@ struct PlannerOptions {
   std::string edges = "greedy";
   bool no_split = false;
   int num_sms = 132;
-  std::optional<double> alpha, beta, gamma;
+  std::optional<double> alpha, beta, gamma, delta;
   std::optional<int64_t> min_chunk;
   std::optional<double> split_waves;
   std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults

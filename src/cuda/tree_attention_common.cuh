@@ -10,6 +10,10 @@
 
 namespace fasttree::cuda_detail {
 
+#ifndef FT_TREE_WGMMA  // A/B builds: -DFT_TREE_WGMMA=1 runs the 64-row tiles on wgmma (slower so far: PERF_NOTES.md)
+#define FT_TREE_WGMMA 0
+#endif
+
 template <int D>
 struct TreeKernelConfig {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");
@@ -23,6 +27,7 @@ struct TreeKernelConfig {
   static constexpr int kThreads = kConsumerThreads + 32;
   static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets
   static constexpr bool kQInRegs = D <= 128;           // d = 256 re-reads Q fragments from shared
+  static constexpr bool kWgmma = FT_TREE_WGMMA && D <= 128;  // 64-row blocks on wgmma (consumer)
   // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kStages][kM][D] T, block
   // records [kRecSlots] BlockRecord, their unit ids [kRecSlots] int32 (padded to 16 bytes), row
   // tables [kRowTables][kStages][kM] int32 (RowTable), TileMeta [kStages], combine (m, l)
@@ -38,7 +43,9 @@ struct TreeKernelConfig {
   static constexpr int kMlOff = kMetaOff + kStages * 16;
   static constexpr int kFlagOff = kMlOff + 4 * 16 * 8;
   static constexpr int kBarOff = kFlagOff + kM * 4;
-  static constexpr int kSmemBytes = kBarOff + 2 * kStages * 8;
+  // + 1 KB: the kernel aligns its shared-memory base to 1024 bytes (swizzled wgmma tiles).
+  static constexpr int kSmemBytes = kBarOff + 2 * kStages * 8 + 1024;
+  static_assert(kKvStageBytes % 1024 == 0 && kQOff % 1024 == 0 && kQSlotBytes % 1024 == 0);
   // The R < 4 combine writes [4 warps][16 rows][D] fp32 into one stage's K/V space.
   static_assert(4 * 16 * D * 4 <= kKvStageBytes);
   // Two CTAs per SM (D <= 128) must fit in 228 KB with 1 KB reserved per CTA.
@@ -50,10 +57,20 @@ struct TreeKernelConfig {
 enum RowTable { kRowDst = 0, kRowHead = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4 };
 
 // Element offset of (row, col) in a shared [rows][D] tile of 16-bit elements whose 16-byte chunks
-// are XOR-swizzled by row % 8, so every ldmatrix phase reads 8 distinct bank groups.
+// are XOR-swizzled by row % 8, so every ldmatrix phase reads 8 distinct bank groups (row pitch D;
+// the prefill kernel and the staged warp kernel).
 template <int D>
 __device__ __forceinline__ int swz(int row, int col) {
   return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// The tree kernel's [64][D] tiles (K, V, Q slots): D / 64 column blocks of [64 rows][64 elements]
+// (128-byte rows, 8 KB per block), 16-byte chunks XOR-swizzled by row % 8: the canonical
+// 128-byte-swizzle layout of wgmma operands (K-major for Q and K, N-major for V; tiles 1024-byte
+// aligned), which ldmatrix reads without bank conflicts as well.
+template <int D>
+__device__ __forceinline__ int swz64(int row, int col) {
+  return (col >> 6) * (64 * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
 }
 
 // TileMeta as stored in shared memory (one int4): unit (-1 = no more work), valid tokens, block

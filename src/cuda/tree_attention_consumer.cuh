@@ -14,6 +14,7 @@
 #pragma once
 #include "cuda/merge_kernel.cuh"
 #include "cuda/tree_attention_common.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace fasttree::cuda_detail {
 
@@ -47,45 +48,15 @@ struct Consumer {
     if constexpr (Cfg::kQInRegs) {
       const int row = row_base + (lane & 15);
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_base + swz<D>(row, kk * 16 + (lane >> 4) * 8) * 2);
+      for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_base + swz64<D>(row, kk * 16 + (lane >> 4) * 8) * 2);
     }
   }
 
-  // One KV tile for the warp's 16 rows x NW columns starting at column cb.
-  // first: the unit's first tile (o is still zero, so its rescale is skipped).
-  template <int NW>
-  __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first) {
-    constexpr int NT = NW / 8;
-    float sc[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
-
-    // S = Q K^T
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t a[4];
-      if constexpr (Cfg::kQInRegs) {
-        a[0] = qf[kk][0];
-        a[1] = qf[kk][1];
-        a[2] = qf[kk][2];
-        a[3] = qf[kk][3];
-      } else {
-        ldmatrix_x4(a, q_base + swz<D>(row_base + (lane & 15), kk * 16 + (lane >> 4) * 8) * 2);
-      }
-#pragma unroll
-      for (int j = 0; j < NT / 2; ++j) {
-        if (cb + 16 * j < count) {
-          const int row = cb + 16 * j + ((lane >> 4) << 3) + (lane & 7);
-          const int col = kk * 16 + (((lane >> 3) & 1) << 3);
-          uint32_t bk[4];
-          ldmatrix_x4(bk, k_base + swz<D>(row, col) * 2);
-          mma_16816<T>(sc[2 * j], a, bk[0], bk[1]);
-          mma_16816<T>(sc[2 * j + 1], a, bk[2], bk[3]);
-        }
-      }
-    }
-
-    // Online softmax (log2 domain): mask, row max over the quad, rescale, exponentiate.
+  // Online softmax of an S tile (NT n-tiles of 8 columns starting at column cb; columns >= count
+  // are masked) in the log2 domain: row max over the quad, m / l updated, sc becomes P = 2^(s - m),
+  // and O is rescaled (unless this is the unit's first tile, where it is still zero).
+  template <int NT>
+  __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], int cb, int count, bool first) {
     const int tq = lane & 3;
     const float scale = p.scale_log2;
     float mx[2] = {neg_inf(), neg_inf()};
@@ -128,6 +99,43 @@ struct Consumer {
         o[i][3] *= alpha[1];
       }
     }
+  }
+
+  // One KV tile for the warp's 16 rows x NW columns starting at column cb.
+  // first: the unit's first tile (o is still zero, so its rescale is skipped).
+  template <int NW>
+  __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first) {
+    constexpr int NT = NW / 8;
+    float sc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+
+    // S = Q K^T
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[4];
+      if constexpr (Cfg::kQInRegs) {
+        a[0] = qf[kk][0];
+        a[1] = qf[kk][1];
+        a[2] = qf[kk][2];
+        a[3] = qf[kk][3];
+      } else {
+        ldmatrix_x4(a, q_base + swz64<D>(row_base + (lane & 15), kk * 16 + (lane >> 4) * 8) * 2);
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j) {
+        if (cb + 16 * j < count) {
+          const int row = cb + 16 * j + ((lane >> 4) << 3) + (lane & 7);
+          const int col = kk * 16 + (((lane >> 3) & 1) << 3);
+          uint32_t bk[4];
+          ldmatrix_x4(bk, k_base + swz64<D>(row, col) * 2);
+          mma_16816<T>(sc[2 * j], a, bk[0], bk[1]);
+          mma_16816<T>(sc[2 * j + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+
+    online_softmax<NT>(sc, cb, count, first);
 
     // O += P V, 16 tokens per k-step.
 #pragma unroll
@@ -142,12 +150,53 @@ struct Consumer {
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_base + swz<D>(row, (2 * dn + (lane >> 4)) * 8) * 2);
+          ldmatrix_x4_trans(bv, v_base + swz64<D>(row, (2 * dn + (lane >> 4)) * 8) * 2);
           mma_16816<T>(o[2 * dn], a, bv[0], bv[1]);
           mma_16816<T>(o[2 * dn + 1], a, bv[2], bv[3]);
         }
       }
     }
+  }
+
+  // R = 4 and D <= 128: the 4 consumer warps are warpgroup 0 and run the whole 64 x 64 tile on wgmma
+  // (wgmma.cuh): S = Q K^T with Q and K read from the swizzled shared tiles (no ldmatrix), the same
+  // per-warp online softmax, then O += P V with P from registers and V from shared memory.
+  static constexpr bool kWgmma = Cfg::kWgmma;
+
+  __device__ void compute_wgmma(uint32_t q_base, uint32_t k_base, uint32_t v_base, int count, bool first) {
+    constexpr uint32_t kBlk = 64 * 64 * 2;  // bytes of one [64][64] column block of a tile
+    float sc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+    fence_proxy_async();  // the producer's cp.async data, seen through the full barrier, before wgmma reads it
+    fence_regs(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const uint32_t off = (kk / 4) * kBlk + (kk % 4) * 32;  // 16 columns = 32 bytes into the swizzled rows
+      wgmma_ss<T, 64>(sc, gmma_desc(q_base + off, 16, 1024), gmma_desc(k_base + off, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    online_softmax<8>(sc, 0, count, first);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      pa[j][0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+      pa[j][1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+      pa[j][2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+      pa[j][3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+    }
+    fence_regs(o);
+    wgmma_fence();
+    // All 4 k-steps, also beyond count (P = 0 there; the producer zero-fills those V rows): a
+    // conditional wgmma would make ptxas serialize the whole sequence.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wgmma_rs_tb<T, D>(o, pa[j], gmma_desc(v_base + j * 16 * 128, kBlk, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
   }
 
   // Destination of block row r of Q slot qslot.
@@ -352,12 +401,17 @@ struct Consumer {
     const uint32_t q_base = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
     const uint32_t k_base = smem_addr(kv);
     const uint32_t v_base = k_base + kN * D * 2;
+    constexpr bool kWg = R == 4 && kWgmma;
     if (first) {
       reset();
-      if (active) load_q_regs(q_base, row_base);
+      if (active && !kWg) load_q_regs(q_base, row_base);
       if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
     }
-    if (active && cb < count) compute<NW>(q_base, k_base, v_base, row_base, cb, count, first);
+    if constexpr (kWg) {
+      compute_wgmma(q_base, k_base, v_base, count, first);  // every warp of the group, active or not
+    } else {
+      if (active && cb < count) compute<NW>(q_base, k_base, v_base, row_base, cb, count, first);
+    }
     if (last) {
       if constexpr (R == 4) {
         if (active) epilogue_direct(qslot, row_base, rows);
@@ -372,7 +426,11 @@ struct Consumer {
     uint32_t parity = 0;
     for (;;) {
       mbar_wait(&s.full[stage], parity);
-      const int4 meta = s.meta[stage];
+      // Broadcast from lane 0: the compiler then knows every field is warp-uniform, so the wgmma
+      // path is not treated as divergent (which would serialize its wgmmas).
+      const int4 sm = s.meta[stage];
+      const int4 meta = make_int4(__shfl_sync(kFullMask, sm.x, 0), __shfl_sync(kFullMask, sm.y, 0),
+                                  __shfl_sync(kFullMask, sm.z, 0), __shfl_sync(kFullMask, sm.w, 0));
       if (meta.x < 0) break;
       const int count = meta.y, rows = meta.z, flags = meta.w;
       const bool first = (flags & TileMetaBits::kFirst) != 0;

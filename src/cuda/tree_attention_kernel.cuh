@@ -28,7 +28,9 @@ template <class T, int D>
 __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfig<D>::kMinBlocks)
     tree_attention_kernel(const TreeAttnParams p) {
   using Cfg = TreeKernelConfig<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // Swizzled tiles must start on 1024-byte boundaries (kSmemBytes has the 1 KB of slack).
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   SmemLayout s;
   s.kv = smem;
   s.q = smem + Cfg::kQOff;
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
   s.merge_flag = reinterpret_cast<int*>(smem + Cfg::kFlagOff);
   s.full = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOff);
   s.empty = s.full + Cfg::kStages;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0), lane = threadIdx.x % 32;  // warp-uniform role
   // The merge kernel (a programmatic dependent, when so launched) may be placed as CTAs retire; it
   // waits for this whole grid before reading partials.
   griddep_launch_dependents();

@@ -56,7 +56,7 @@ struct Producer {
   int sub, chunk;       // this lane's row within a pass and 16-byte chunk within the row
   int num_units;
   int pending = 0;      // lane 0: result of the claim issued one take() earlier
-  uint32_t so[kPer];    // byte offset in a [kN][D] tile of this lane's chunk in pass j < kPer
+  uint32_t so[kPer];    // byte offset in a [kN][D] tile (swz64) of this lane's chunk in pass j < kPer
 
   __device__ Producer(const TreeAttnParams& params, const SmemLayout& smem, int lane_id)
       : p(params), s(smem), lane(lane_id) {
@@ -65,14 +65,14 @@ struct Producer {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int row = j * kRpp + sub;  // < 8
-      so[j] = static_cast<uint32_t>(row * D * 2 + ((chunk ^ row) << 4));
+      so[j] = static_cast<uint32_t>(swz64<D>(row, chunk * 8) * 2);  // row < 8
     }
     num_units = p.counts->num_units;
     if (p.work_counter != nullptr && lane == 0) pending = claim();
   }
 
   // Shared byte offset of this lane's chunk in copy pass ps of a tile.
-  __device__ __forceinline__ uint32_t pass_off(int ps) const { return (ps / kPer) * 8 * D * 2 + so[ps % kPer]; }
+  __device__ __forceinline__ uint32_t pass_off(int ps) const { return (ps / kPer) * 8 * 64 * 2 + so[ps % kPer]; }
 
   // Unit of sequence index seq (>= num_units: none). Static for seq < kLook or without the atomic
   // counter; otherwise the claim issued by the previous call (so the atomic's latency overlaps a
@@ -201,13 +201,13 @@ struct Producer {
       const int row = r0 + sub;
       const int64_t off = shfl_i64(r0 < 32 ? qoff[0] : qoff[1], row & 31);
       const bool valid = off >= 0;
-      cp_async_16(sq + swz<D>(row, chunk * 8) * 2, qg + (valid ? off + chunk * 8 : 0), valid ? 16 : 0);
+      cp_async_16(sq + swz64<D>(row, chunk * 8) * 2, qg + (valid ? off + chunk * 8 : 0), valid ? 16 : 0);
     }
     return __any_sync(kFullMask, partial);
   }
 
   // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
-  // [count, round_up(count, 16)) are zeroed, rows beyond are never read.
+  // [count, round_up(count, 16)) are zeroed (V rows up to 64 on the wgmma path), rows beyond are never read.
   __device__ void issue_kv(UnitCtx& c, int t, int count, int stage) const {
     const T* kg = static_cast<const T*>(p.k);
     const T* vg = static_cast<const T*>(p.v);
@@ -217,6 +217,9 @@ struct Producer {
     const int64_t col_off = static_cast<int64_t>(c.kvh) * p.kv_head_stride + chunk * 8;
     const int base = c.d.kv_begin + t * kN;
     const int fill = (count + 15) & ~15;
+    // The wgmma path (64-row blocks, D <= 128) multiplies all 64 V rows: zero those beyond fill too
+    // (P is 0 there, but stale shared memory could hold NaN bit patterns).
+    const int vfill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : fill;
     ensure_window(c, base);
     const int k0 = window_search(c, base);  // same for every lane
     if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
@@ -227,10 +230,10 @@ struct Producer {
       const T* vp = vg + off0;
 #pragma unroll
       for (int ps = 0; ps < kPasses; ++ps) {
-        if (ps * kRpp < fill) {
+        if (ps * kRpp < vfill) {
           const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
           const int64_t o = ps * kRpp * row_stride;
-          cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
+          if (ps * kRpp < fill) cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
           cp_async_16(sv + pass_off(ps), valid ? vp + o : vg, valid ? 16 : 0);
         }
       }
@@ -251,12 +254,12 @@ struct Producer {
     }
 #pragma unroll 8
     for (int ps = 0; ps < kPasses; ++ps) {
-      if (ps * kRpp < fill) {
+      if (ps * kRpp < vfill) {
         const int row = ps * kRpp + sub;
         const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
         const bool valid = row < count;
         const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + col_off : 0;
-        cp_async_16(sk + pass_off(ps), kg + off, valid ? 16 : 0);
+        if (ps * kRpp < fill) cp_async_16(sk + pass_off(ps), kg + off, valid ? 16 : 0);
         cp_async_16(sv + pass_off(ps), vg + off, valid ? 16 : 0);
       }
     }

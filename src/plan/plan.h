@@ -39,10 +39,13 @@ enum class EdgePolicy {
 // split_waves 2, tile classes 64 and 16 rows.
 struct PlannerConfig {
   // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
-  // SplitKV pays gamma per query that gets one more partial result.
+  // SplitKV pays gamma per query that gets one more partial result; SplitQ (concatenating a child
+  // onto its parent's context) pays delta per parent-context token that the child's query tiles
+  // read again (len_parent x tiles of the child's group), the KV traffic the paper's model leaves out.
   double alpha = 0.33;
   double beta = 0.33;
   double gamma = 0.1;
+  double delta = 0.0;
   // Tile classes, any order; a vnode with R = nQ*g query rows uses the smallest class with
   // q_rows >= R, or the largest class when none is that large.
   std::array<TileClass, kMaxTileClasses> tile_classes{{{64, 64}, {16, 64}, {0, 0}, {0, 0}}};

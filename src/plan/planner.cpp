@@ -53,15 +53,21 @@ struct CostModel {
       tsq_mask[i] = (tsq[i] & (tsq[i] - 1)) == 0 ? static_cast<uint32_t>(tsq[i] - 1) : 0;
     }
   }
+  int cls(int64_t nq) const {
+    const int64_t r = nq * g;
+    for (int i = 0; i < n - 1; ++i)
+      if (rows[i] >= r) return i;
+    return n - 1;
+  }
+  // Query tiles of a group of nq queries.
+  int64_t tiles(int64_t nq) const {
+    if (nq <= 0) return 0;
+    const int64_t t = tsq[cls(nq)];
+    return (nq + t - 1) / t;
+  }
   double cmm(int64_t nq, int64_t nk) const {
     if (nq <= 0) return 0.0;
-    const int64_t r = nq * g;
-    int c = n - 1;
-    for (int i = 0; i < n - 1; ++i)
-      if (rows[i] >= r) {
-        c = i;
-        break;
-      }
+    const int c = cls(nq);
     const uint32_t m = static_cast<uint32_t>(nq - 1);
     const int64_t rem = tsq_mask[c] || tsq[c] == 1 ? (m & tsq_mask[c]) : m % static_cast<uint32_t>(tsq[c]);
     const int64_t pad = tsq[c] - (rem + 1);
@@ -98,7 +104,7 @@ void check_config(const PlannerConfig& c) {
              "planner: tile class " + std::to_string(i) + " has a non-positive size");
   FT_CHECK(c.num_sms > 0 && c.split_waves > 0 && c.min_chunk > 0 && c.max_chunk >= 0,
            "planner: num_sms, split_waves and min_chunk must be positive, max_chunk >= 0");
-  FT_CHECK(c.alpha >= 0 && c.beta >= 0 && c.gamma >= 0, "planner: alpha, beta, gamma must be >= 0");
+  FT_CHECK(c.alpha >= 0 && c.beta >= 0 && c.gamma >= 0 && c.delta >= 0, "planner: alpha, beta, gamma, delta must be >= 0");
 }
 
 
@@ -155,7 +161,8 @@ void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
             }
             const int64_t nq_curr = group_q_[v];
             // Siblings usually repeat the same arguments (same group size, same lengths): memoized.
-            const double split_q = memo[0].get(cost, nq_curr - nql, len_v) + memo[1].get(cost, nql, len_l + len_v);
+            double split_q = memo[0].get(cost, nq_curr - nql, len_v) + memo[1].get(cost, nql, len_l + len_v);
+            if (config_.delta > 0) split_q += config_.delta * static_cast<double>(len_v * cost.tiles(nql));
             const double split_kv = memo[2].get(cost, nq_curr, len_v) + memo[3].get(cost, nql, len_l) +
                                     config_.gamma * static_cast<double>(nql);
             concat = split_kv >= split_q;
