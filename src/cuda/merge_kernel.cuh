@@ -11,6 +11,10 @@
 // lane in flight. Partials are read with ld.global.cg (L2): in the fused merge other CTAs wrote
 // them during this launch, and L1 is not coherent.
 //
+// merge_group_online (the separate merge kernel's): one pass with a running maximum, 8 rows' LSEs
+// and data loaded together, the next rows' ids prefetched: fewer dependent L2 round trips for
+// queries with many partial rows (PERF_NOTES.md).
+//
 // merge_kernel: the separate launch, grid-stride over (non-direct query, head) jobs. It may be
 // launched as a programmatic dependent of the tree kernel (merge_kernel_launch pdl = true): its CTAs
 // are placed as the tree kernel's CTAs retire and wait (griddep_wait) for the partials.
@@ -118,6 +122,87 @@ __device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_ro
   }
 }
 
+// merge_group_online: the separate merge kernel's version of merge_group (same contract), in one
+// pass with a running maximum (no separate max pass): rows are taken kStep at a time; every lane of
+// the group loads the step's row ids (broadcast), their LSEs and its two float4 of each row
+// together, so a step costs one dependent L2 round trip after its row ids, and the next step's row
+// ids are loaded while this step's data is in flight. On a new maximum m' the sums are rescaled by
+// 2^(m - m'); rows with lse = -inf (or beyond n) weigh 0 and are skipped without multiplying.
+// (~100 registers: the fused merge inside the tree kernel keeps the two-pass merge_group, whose
+// smaller footprint does not make the tree kernel spill.)
+template <int D>
+__device__ __forceinline__ void merge_group_online(const int32_t* __restrict__ merge_rows, const float* partial,
+                                                   const float* partial_lse, float* out, float* lse, int hq,
+                                                   bool active, int q, int h, int rb, int n, int lane) {
+  constexpr int kLpj = MergeShape<D>::kLpj;
+  constexpr int kStep = MergeShape<D>::kStep;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float ninf = __int_as_float(0xff800000);
+  const int k = lane % kLpj;
+  if (!active) n = 0;
+  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  float sum = 0.0f, mx = ninf;  // running max of lse (natural log units) and Σ 2^((lse - mx) log2 e)
+  int rows[kStep];
+#pragma unroll
+  for (int j = 0; j < kStep; ++j) rows[j] = j < n ? __ldg(merge_rows + rb + j) : -1;
+  for (int i0 = 0; i0 < n; i0 += kStep) {  // n is the same in every lane of the group
+    float l[kStep];
+    float4 x[kStep][2];
+#pragma unroll
+    for (int j = 0; j < kStep; ++j) {
+      l[j] = ninf;
+      x[j][0] = x[j][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (rows[j] >= 0) {
+        const int64_t r = rows[j];
+        l[j] = __ldcg(partial_lse + r * hq + h);
+        const float4* src = reinterpret_cast<const float4*>(partial + (r * hq + h) * D);
+        x[j][0] = __ldcg(src + k);
+        x[j][1] = __ldcg(src + k + kLpj);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kStep; ++j) {  // the next step's row ids, while this step's loads land
+      const int i = i0 + kStep + j;
+      rows[j] = i < n ? __ldg(merge_rows + rb + i) : -1;
+    }
+    float m_new = mx;
+#pragma unroll
+    for (int j = 0; j < kStep; ++j) m_new = fmaxf(m_new, l[j]);
+    if (m_new == ninf) continue;  // every row so far empty
+    const float scale = mx == ninf ? 0.0f : exp2f((mx - m_new) * kLog2e);
+    mx = m_new;
+    sum *= scale;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      acc[e].x *= scale;
+      acc[e].y *= scale;
+      acc[e].z *= scale;
+      acc[e].w *= scale;
+    }
+#pragma unroll
+    for (int j = 0; j < kStep; ++j) {
+      const float wt = exp2f((l[j] - m_new) * kLog2e);  // lse = -inf (or no row) -> 0
+      sum += wt;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // w = 0: the row is empty or absent, and may hold anything: skip without multiplying.
+        acc[e].x = wt != 0.0f ? fmaf(wt, x[j][e].x, acc[e].x) : acc[e].x;
+        acc[e].y = wt != 0.0f ? fmaf(wt, x[j][e].y, acc[e].y) : acc[e].y;
+        acc[e].z = wt != 0.0f ? fmaf(wt, x[j][e].z, acc[e].z) : acc[e].z;
+        acc[e].w = wt != 0.0f ? fmaf(wt, x[j][e].w, acc[e].w) : acc[e].w;
+      }
+    }
+  }
+  if (active) {
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float4* dst = reinterpret_cast<float4*>(out + (static_cast<int64_t>(q) * hq + h) * D);
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      dst[k + e * kLpj] = make_float4(acc[e].x * inv, acc[e].y * inv, acc[e].z * inv, acc[e].w * inv);
+    if (k == 0 && lse != nullptr) lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : ninf;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
   griddep_wait();  // launched as a programmatic dependent of the tree kernel: its partials first
@@ -137,7 +222,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
       rb = p.merge_begin[q];
       n = p.merge_begin[q + 1] - rb;
     }
-    merge_group<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, hq, active, q, h, rb, n, lane);
+    merge_group_online<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, hq, active, q, h, rb, n, lane);
   }
 }
 

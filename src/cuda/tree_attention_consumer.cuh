@@ -416,7 +416,14 @@ struct Consumer {
       if constexpr (R == 4) {
         if (active) epilogue_direct(qslot, row_base, rows);
       } else {
-        epilogue_combine<R>(qslot, rows, reinterpret_cast<float*>(kv));
+        // A one-tile unit whose tokens all fall in column group 0 (e.g. a 16-token leaf): the other
+        // groups saw nothing, so group 0's warps hold the final rows; no combine, no barriers
+        // (the condition is uniform over the 4 warps).
+        if (first && count <= NW) {
+          if (active && warp % C == 0) epilogue_direct(qslot, row_base, rows);
+        } else {
+          epilogue_combine<R>(qslot, rows, reinterpret_cast<float*>(kv));
+        }
       }
     }
   }
