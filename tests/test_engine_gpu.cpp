@@ -51,6 +51,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/slot_paths.h"
+#include "engine/tp_shard.h"
 #include "engine/weights.h"
 #include "engine_test_util.h"
 #include "plan/planner.h"
@@ -511,6 +512,74 @@ TEST(GpuWeightLoading, CheckpointLoadEqualsHostUpload) {
     write_safetensors(dir.path("model.safetensors"), tensors_of(w, DType::kF16));
     expect_rows_near(load_gpu(dir.path(), 64)->prefill(prompt, pos, pos, {}, true), want, c.vocab_size, "F16 file");
   }
+}
+
+// Every tensor of `w`'s arena as host bytes (alignment gaps excluded), in layout order.
+std::vector<std::vector<unsigned char>> arena_tensors(const GpuWeights& w) {
+  const ModelConfig& c = w.config();
+  const size_t h = static_cast<size_t>(c.hidden_size), inter = static_cast<size_t>(c.intermediate_size);
+  const size_t dk = static_cast<size_t>(w.kernel_head_dim()), v = static_cast<size_t>(c.vocab_size);
+  const size_t hq = static_cast<size_t>(c.num_attention_heads), hkv = static_cast<size_t>(c.num_key_value_heads);
+  std::vector<std::vector<unsigned char>> out;
+  auto get = [&](const void* p, size_t bytes) {
+    if (p == nullptr) return;
+    std::vector<unsigned char> host(bytes);
+    copy_to_host(host.data(), p, bytes, nullptr);
+    synchronize(nullptr);
+    out.push_back(std::move(host));
+  };
+  get(w.embed, v * h * 2);
+  for (const GpuLayerWeights& l : w.layers) {
+    get(l.input_norm, h * 2);
+    get(l.w_qkv, (hq + 2 * hkv) * dk * h * 2);
+    get(l.b_qkv, (hq + 2 * hkv) * dk * 4);
+    get(l.w_o, h * hq * dk * 2);
+    get(l.b_o, h * 4);
+    get(l.post_norm, h * 2);
+    get(l.w_gate_up, 2 * inter * h * 2);
+    get(l.w_down, h * inter * 2);
+  }
+  get(w.final_norm, h * 2);
+  if (w.lm_head != w.embed) get(w.lm_head, v * h * 2);
+  return out;
+}
+
+// A rank's shard read straight from the checkpoint (only its blocks) holds exactly the bf16 values
+// of the host path (load the whole model, shard_weights, upload), head padding included.
+TEST(GpuWeightLoading, ShardLoadEqualsShardedHostUpload) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  for (const ModelConfig& c : test_configs()) {
+    ModelWeights w = random_weights(c, 23);
+    dir.write("config.json", model_config_to_json(c));
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      write_safetensors(dir.path("model.safetensors"), tensors_of(w, dt));
+      const SafetensorsFolder folder(dir.path());
+      const ModelWeights host = load_weights(folder, c);
+      for (int tp : {1, 2, 4}) {
+        if (c.num_attention_heads % tp != 0 || c.intermediate_size % tp != 0 ||
+            (c.num_key_value_heads % tp != 0 && tp % c.num_key_value_heads != 0))
+          continue;
+        for (int r = 0; r < tp; ++r) {
+          SCOPED_TRACE(c.model_type + " head_dim " + std::to_string(c.head_dim) + " " + safetensors_dtype_name(dt) +
+                       " tp " + std::to_string(tp) + " rank " + std::to_string(r));
+          const GpuWeights direct = load_gpu_weights_shard(folder, c, r, tp, nullptr);
+          const GpuWeights via_host = upload_gpu_weights(tp == 1 ? host : shard_weights(host, r, tp), nullptr);
+          EXPECT_EQ(direct.config(), via_host.config());
+          const auto a = arena_tensors(direct), b = arena_tensors(via_host);
+          ASSERT_EQ(a.size(), b.size());
+          for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i]) << "tensor " << i;
+        }
+      }
+    }
+  }
+  // Bad arguments are errors before anything is read.
+  dir.write("config.json", model_config_to_json(model_preset("tiny")));
+  ModelWeights w = random_weights(model_preset("tiny"), 1);
+  write_safetensors(dir.path("model.safetensors"), tensors_of(w));
+  const SafetensorsFolder folder(dir.path());
+  expect_error([&] { load_gpu_weights_shard(folder, model_preset("tiny"), 2, 2, nullptr); }, {"rank 2"});
+  expect_error([&] { load_gpu_weights_shard(folder, model_preset("tiny"), 0, 3, nullptr); }, {"tp 3"});
 }
 
 TEST(GpuWeightLoading, BadCheckpointsNameTheTensor) {

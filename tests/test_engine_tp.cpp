@@ -165,6 +165,39 @@ TEST(TpShard, ShardWeightsReassemble) {
   }
 }
 
+// tp_block (what a checkpoint loader reads for a rank) gives exactly shard_weights' tensors.
+TEST(TpShard, CheckpointBlocksAreTheShards) {
+  for (int hkv : {4, 2, 1}) {
+    ModelConfig c = shape(4, hkv, 128, true);  // q/k/v and o_proj biases too
+    ModelWeights w = random_weights(c, 11);
+    const std::vector<WeightTensor> full = weight_tensors(w);
+    for (int tp : {1, 2, 4}) {
+      for (int r = 0; r < tp; ++r) {
+        SCOPED_TRACE("Hkv " + std::to_string(hkv) + " tp " + std::to_string(tp) + " rank " + std::to_string(r));
+        ModelWeights shard = shard_weights(w, r, tp);
+        const std::vector<WeightTensor> local = weight_tensors(shard);
+        ASSERT_EQ(local.size(), full.size());
+        const TpShard sh = tp_shard(c, r, tp);
+        for (size_t i = 0; i < full.size(); ++i) {
+          ASSERT_EQ(local[i].name, full[i].name);
+          const TpBlock b = tp_block(sh, full[i].name, full[i].shape);
+          const int64_t pitch = full[i].shape.size() == 2 ? full[i].shape[1] : 1;
+          std::vector<float> got;
+          for (int64_t row = 0; row < b.rows; ++row)
+            for (int64_t col = 0; col < b.cols; ++col)
+              got.push_back(b.zeros ? 0.0f : (*full[i].data)[static_cast<size_t>((b.row_begin + row) * pitch + b.col_begin + col)]);
+          EXPECT_EQ(got, *local[i].data) << full[i].name;
+        }
+      }
+    }
+  }
+  const TpShard sh = tp_shard(shape(4, 2, 128), 1, 2);
+  const std::vector<int64_t> bad_rows{100, 128}, q{512, 128}, norm{128};
+  expect_error([&] { tp_block(sh, "model.layers.0.self_attn.q_proj.weight", bad_rows); }, {"q_proj", "100 rows"});
+  expect_error([&] { tp_block(sh, "model.layers.0.self_attn.o_proj.weight", norm); }, {"o_proj", "columns"});
+  expect_error([&] { tp_block(sh, "model.layers.0.mlp.experts.0.weight", q); }, {"experts", "not a tensor"});
+}
+
 TEST(TpShard, IndivisibleShapesAreClearErrors) {
   expect_error([] { check_tp(shape(4, 2, 128), 3); }, {"4 attention heads", "tp 3"});
   expect_error([] { check_tp(shape(12, 4, 96), 6); }, {"4 kv heads", "tp 6", "replicate"});

@@ -20,12 +20,7 @@ GpuModel::GpuModel(const ModelConfig& config, uint64_t seed, int32_t num_slots, 
 GpuModel::GpuModel(const SafetensorsFolder& folder, const ModelConfig& config, int32_t num_slots,
                    GpuModelOptions options)
     : impl_(std::make_unique<Impl>(
-          [&](CUstream_st* s) {
-            FT_CHECK(options.tp_size == 1, "GPU model: loading a checkpoint directly as a tensor-parallel shard is not "
-                                           "supported (tp " + num(options.tp_size) + "); load the host weights and "
-                                           "shard them (TpGpuModel does)");
-            return load_gpu_weights(folder, config, s);
-          },
+          [&](CUstream_st* s) { return load_gpu_weights_shard(folder, config, options.tp_rank, options.tp_size, s); },
           num_slots, options)) {}
 
 GpuModel::~GpuModel() {

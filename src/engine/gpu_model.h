@@ -94,7 +94,8 @@ struct GpuModelOptions {
                                         // later call must come from a thread with this device current
   // Tensor parallelism (engine/tp_shard.h): with tp_size > 1 the model is rank tp_rank's shard of the
   // weights it is given ((a): shard_weights; (b): random_gpu_weights_shard, the same full weights as
-  // tp 1; (c): not supported) and config() is tp_local_config. tp.all_reduce is then required.
+  // tp 1; (c): load_gpu_weights_shard, only the rank's blocks read from the checkpoint) and config()
+  // is tp_local_config. tp.all_reduce is then required.
   int tp_rank = 0;
   int tp_size = 1;
   GpuTpHooks tp;
@@ -120,7 +121,8 @@ class GpuModel final : public DecoderModel {
   GpuModel(const ModelWeights& weights, int32_t num_slots, GpuModelOptions options = {});
   // (b) seeded random weights (random_gpu_weights: on the device).
   GpuModel(const ModelConfig& config, uint64_t seed, int32_t num_slots, GpuModelOptions options = {});
-  // (c) a HF checkpoint (config + safetensors), tensor by tensor to the device.
+  // (c) a HF checkpoint (config + safetensors), tensor by tensor to the device (with tp_size > 1 only
+  // the rank's blocks of each tensor).
   GpuModel(const SafetensorsFolder& folder, const ModelConfig& config, int32_t num_slots,
            GpuModelOptions options = {});
   ~GpuModel() override;

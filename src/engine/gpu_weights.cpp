@@ -160,14 +160,17 @@ void convert(DType dtype, const void* base, int64_t first, int64_t n, void* dst,
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(tmp[static_cast<size_t>(i)]);
 }
 
-// Uploads one target from host data of `dtype` laid out as t.shape, applying the head padding.
-void upload_target(const Target& t, DType dtype, const void* src, const HeadMap& map, UploadStager& stager) {
+// Uploads one target from host data of `dtype` laid out as t.shape with rows `pitch` elements apart
+// (< 0: t.shape's own column count, i.e. contiguous), applying the head padding.
+void upload_target(const Target& t, DType dtype, const void* src, const HeadMap& map, UploadStager& stager,
+                   int64_t pitch = -1) {
   const size_t esize = t.f32 ? 4 : 2;
   const int64_t src_cols = t.src_cols();
+  if (pitch < 0) pitch = src_cols;
   const int64_t dst_rows = t.remap == Remap::kRows ? t.src_rows() / map.d * map.dk : t.src_rows();
   const int64_t dst_cols = t.remap == Remap::kCols ? src_cols / map.d * map.dk : src_cols;
   UploadStager::Fill fill;
-  if (t.remap == Remap::kNone) {
+  if (t.remap == Remap::kNone && pitch == src_cols) {
     fill = [&](void* host, int64_t first, int64_t count) { convert(dtype, src, first, count, host, t.f32); };
   } else {
     fill = [&](void* host, int64_t first, int64_t count) {
@@ -179,11 +182,11 @@ void upload_target(const Target& t, DType dtype, const void* src, const HeadMap&
           std::memset(out, 0, static_cast<size_t>(dst_cols) * esize);
           continue;
         }
-        if (t.remap == Remap::kRows) {
-          convert(dtype, src, sr * src_cols, src_cols, out, t.f32);
+        if (t.remap != Remap::kCols) {
+          convert(dtype, src, sr * pitch, src_cols, out, t.f32);
           continue;
         }
-        convert(dtype, src, sr * src_cols, src_cols, row.data(), t.f32);
+        convert(dtype, src, sr * pitch, src_cols, row.data(), t.f32);
         for (int64_t c = 0; c < dst_cols; ++c) {
           const int64_t sc = map.to_src(c);
           if (sc < 0)
@@ -195,6 +198,34 @@ void upload_target(const Target& t, DType dtype, const void* src, const HeadMap&
     };
   }
   stager.upload(t.dst, dst_rows * dst_cols, esize, dst_cols, fill);
+}
+
+// Every tensor of `config` must be in the folder with its shape: errors name a missing tensor (and
+// a few unused checkpoint tensors), or the file, tensor and both shapes.
+void check_checkpoint(const SafetensorsFolder& folder, const ModelConfig& config) {
+  ModelWeights names;  // only for weight_tensors' names and shapes
+  names.config = config;
+  names.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  const std::vector<WeightTensor> expected = weight_tensors(names);
+  std::set<std::string> expected_names;
+  for (const WeightTensor& t : expected) expected_names.insert(t.name);
+  for (const WeightTensor& t : expected) {
+    if (folder.find(t.name) != nullptr) continue;
+    std::string unused;
+    int listed = 0;
+    for (const std::string& n : folder.names()) {
+      if (expected_names.count(n) || n == "lm_head.weight") continue;
+      if (listed < 3) unused += std::string(listed ? ", " : "") + "'" + n + "'";
+      ++listed;
+    }
+    FT_FAIL(folder.path() + ": missing tensor '" + t.name + "'" +
+            (listed ? " (unused tensors in the checkpoint: " + unused + (listed > 3 ? ", ..." : "") + ")" : ""));
+  }
+  for (const WeightTensor& t : expected) {
+    const TensorView& v = folder.tensor(t.name);
+    FT_CHECK(v.shape == t.shape, folder.file_of(t.name) + ": tensor '" + t.name + "' has shape " + shape_str(v.shape) +
+                                     ", expected " + shape_str(t.shape) + " for this config");
+  }
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -248,37 +279,39 @@ GpuWeights upload_gpu_weights(const ModelWeights& weights, CUstream_st* stream) 
 }
 
 GpuWeights load_gpu_weights(const SafetensorsFolder& folder, const ModelConfig& config, CUstream_st* stream) {
+  return load_gpu_weights_shard(folder, config, 0, 1, stream);
+}
+
+GpuWeights load_gpu_weights_shard(const SafetensorsFolder& folder, const ModelConfig& config, int rank, int tp,
+                                  CUstream_st* stream) {
   config.validate();
-  // Check presence and shapes of everything before allocating device memory.
-  ModelWeights names;  // only for weight_tensors' names and shapes
-  names.config = config;
-  names.layers.resize(static_cast<size_t>(config.num_hidden_layers));
-  const std::vector<WeightTensor> expected = weight_tensors(names);
-  std::set<std::string> expected_names;
-  for (const WeightTensor& t : expected) expected_names.insert(t.name);
-  for (const WeightTensor& t : expected) {
-    if (folder.find(t.name) != nullptr) continue;
-    std::string unused;
-    int listed = 0;
-    for (const std::string& n : folder.names()) {
-      if (expected_names.count(n) || n == "lm_head.weight") continue;
-      if (listed < 3) unused += std::string(listed ? ", " : "") + "'" + n + "'";
-      ++listed;
-    }
-    FT_FAIL(folder.path() + ": missing tensor '" + t.name + "'" +
-            (listed ? " (unused tensors in the checkpoint: " + unused + (listed > 3 ? ", ..." : "") + ")" : ""));
-  }
-  for (const WeightTensor& t : expected) {
-    const TensorView& v = folder.tensor(t.name);
-    FT_CHECK(v.shape == t.shape, folder.file_of(t.name) + ": tensor '" + t.name + "' has shape " + shape_str(v.shape) +
-                                     ", expected " + shape_str(t.shape) + " for this config");
-  }
-  GpuWeights w(config);
+  const TpShard shard = tp_shard(config, rank, tp);  // checks tp and rank
+  check_checkpoint(folder, config);                  // before allocating device memory
+  GpuWeights w(tp == 1 ? config : tp_local_config(config, tp));
   const HeadMap map{config.head_dim, w.kernel_head_dim()};
+  // The whole model's tensor list (names, shapes) and this rank's destinations, in the same order.
+  const std::vector<Target> full = targets(config, w.kernel_head_dim(), nullptr);
+  const std::vector<Target> local = targets(w);
+  FT_CHECK(full.size() == local.size(), "load_gpu_weights_shard: tensor lists differ");
   UploadStager stager(stream);
-  for (const Target& t : targets(w)) {
-    const TensorView& v = folder.tensor(t.name);
-    upload_target(t, v.dtype, v.data, map, stager);
+  std::vector<float> zeros;
+  for (size_t i = 0; i < full.size(); ++i) {
+    const Target& t = local[i];
+    const TensorView& v = folder.tensor(full[i].name);
+    const TpBlock b = tp_block(shard, full[i].name, v.shape);
+    FT_CHECK(b.rows == t.src_rows() && b.cols == t.src_cols(), "load_gpu_weights_shard: block of '" + full[i].name +
+                                                                   "' does not match the rank's tensor " + shape_str(t.shape));
+    if (b.zeros) {
+      zeros.assign(static_cast<size_t>(b.rows * b.cols), 0.0f);
+      upload_target(t, DType::kF32, zeros.data(), map, stager);
+      continue;
+    }
+    // Only the rank's block is read from the mapping: a row block is contiguous, a column block
+    // keeps the whole tensor's row pitch.
+    const int64_t pitch = full[i].src_cols();
+    const auto* src = static_cast<const unsigned char*>(v.data) +
+                      static_cast<size_t>(b.row_begin * pitch + b.col_begin) * dtype_size(v.dtype);
+    upload_target(t, v.dtype, src, map, stager, pitch);
   }
   stager.finish();
   return w;

@@ -26,6 +26,7 @@
 //   upload_gpu_weights   fp32 host ModelWeights (tiny models, golden tests)
 //   load_gpu_weights     a HF checkpoint, tensor by tensor from the mmap'd safetensors (F32, F16,
 //                        BF16) through pinned staging buffers: no fp32 host copy of the model
+//                        (load_gpu_weights_shard: a tensor-parallel rank's blocks only)
 //   random_gpu_weights   seeded random weights with random_weights' distributions (engine/weights.h),
 //                        generated on the device (cuda_ops::fill_uniform_bf16; biases, tiny, on the
 //                        host). Models of at most kGpuHostRandomMaxParams parameters take
@@ -87,6 +88,14 @@ GpuWeights upload_gpu_weights(const ModelWeights& weights, CUstream_st* stream);
 // Every tensor of `config` (engine/weights.h's list) must be in the folder with its shape: errors
 // name a missing tensor (and a few unused checkpoint tensors), or the file, tensor and both shapes.
 GpuWeights load_gpu_weights(const SafetensorsFolder& folder, const ModelConfig& config, CUstream_st* stream);
+// Rank `rank`'s tensor-parallel shard (config tp_local_config(config, tp)) read straight from the
+// checkpoint: the same checks as load_gpu_weights on the whole model's tensors, then only the
+// rank's block of each tensor (engine/tp_shard.h: tp_block) is converted and uploaded, so no
+// process needs the whole model in host memory. The same bf16 values as
+// upload_gpu_weights(shard_weights(load_weights(folder, config))) (each value is rounded to bf16
+// once either way). tp 1 = load_gpu_weights.
+GpuWeights load_gpu_weights_shard(const SafetensorsFolder& folder, const ModelConfig& config, int rank, int tp,
+                                  CUstream_st* stream);
 GpuWeights random_gpu_weights(const ModelConfig& config, uint64_t seed, CUstream_st* stream);
 // Rank `rank`'s tensor-parallel shard (engine/tp_shard.h: config tp_local_config(config, tp)) of
 // EXACTLY the weights random_gpu_weights(config, seed) gives: each split tensor is generated whole

@@ -37,7 +37,7 @@ std::unique_ptr<DecoderModel> make_gpu_model(const ModelSpec& spec) {
     if (!spec.model_dir.empty()) {
       const ModelConfig config = load_model_config(spec.model_dir);
       const SafetensorsFolder folder(spec.model_dir);
-      return std::make_unique<TpGpuModel>(load_weights(folder, config, spec.threads), slots, tp_options);
+      return std::make_unique<TpGpuModel>(folder, config, slots, tp_options);
     }
     return std::make_unique<TpGpuModel>(model_preset(spec.preset), spec.weights_seed, slots, tp_options);
   }

@@ -19,8 +19,8 @@ struct ModelSpec {
   std::string backend = "cpu"; // cpu | cuda
   int64_t kv_slots = 0;        // KV pool size in tokens (> 0)
   int threads = 0;             // CPU threads (0 = all; with tp > 1 on the CPU: split over the ranks)
-  int tp = 1;                  // tensor-parallel ranks: cuda -> TpGpuModel on GPUs 0..tp-1 (a checkpoint
-                               // is loaded in fp32 on the host, then sharded); cpu -> TpCpuModel
+  int tp = 1;                  // tensor-parallel ranks: cuda -> TpGpuModel on GPUs 0..tp-1 (each rank reads
+                               // only its blocks of a checkpoint); cpu -> TpCpuModel
   PlannerConfig planner;       // decode planning inside the model (when the scheduler brings no plan)
 };
 

@@ -355,6 +355,15 @@ TpGpuModel::TpGpuModel(const ModelWeights& weights, int32_t num_slots, TpGpuMode
       static_cast<int64_t>(gpu_weight_bytes(impl_->local)));
 }
 
+TpGpuModel::TpGpuModel(const SafetensorsFolder& folder, const ModelConfig& config, int32_t num_slots,
+                       TpGpuModelOptions options)
+    : impl_(std::make_unique<Impl>(config, std::move(options))) {
+  impl_->build(
+      num_slots,
+      [&](int, int32_t slots, const GpuModelOptions& o) { return std::make_unique<GpuModel>(folder, config, slots, o); },
+      static_cast<int64_t>(gpu_weight_bytes(impl_->local)));
+}
+
 TpGpuModel::TpGpuModel(const ModelConfig& config, uint64_t seed, int32_t num_slots, TpGpuModelOptions options)
     : impl_(std::make_unique<Impl>(config, std::move(options))) {
   impl_->build(

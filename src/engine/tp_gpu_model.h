@@ -85,6 +85,10 @@ class TpGpuModel final : public DecoderModel {
   // (gpu_max_kv_slots of each device's free memory after its shard; the minimum over the ranks).
   // Host weights of the whole model, sharded (shard_weights).
   TpGpuModel(const ModelWeights& weights, int32_t num_slots, TpGpuModelOptions options = {});
+  // A HF checkpoint: every rank reads only its blocks of each tensor from the mmap'd safetensors
+  // (load_gpu_weights_shard), so the host never holds the whole model (a 70B checkpoint's fp32 host
+  // copy would be ~280 GB).
+  TpGpuModel(const SafetensorsFolder& folder, const ModelConfig& config, int32_t num_slots, TpGpuModelOptions options = {});
   // A preset's seeded random weights: the same full weights as GpuModel(config, seed, ...).
   TpGpuModel(const ModelConfig& config, uint64_t seed, int32_t num_slots, TpGpuModelOptions options = {});
   ~TpGpuModel() override;

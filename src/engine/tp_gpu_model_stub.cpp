@@ -22,6 +22,10 @@ TpGpuModel::TpGpuModel(const ModelWeights& weights, int32_t, TpGpuModelOptions o
   check_tp(weights.config, options.tp);
   not_built(options.tp);
 }
+TpGpuModel::TpGpuModel(const SafetensorsFolder&, const ModelConfig& config, int32_t, TpGpuModelOptions options) {
+  check_tp(config, options.tp);
+  not_built(options.tp);
+}
 TpGpuModel::TpGpuModel(const ModelConfig& config, uint64_t, int32_t, TpGpuModelOptions options) {
   check_tp(config, options.tp);
   not_built(options.tp);

@@ -83,6 +83,51 @@ ModelConfig tp_local_config(const ModelConfig& c, int tp) {
   return local;
 }
 
+TpBlock tp_block(const TpShard& s, std::string_view name, std::span<const int64_t> shape) {
+  const std::string nm(name);
+  FT_CHECK(shape.size() == 1 || shape.size() == 2, "tp_block: tensor '" + nm + "' has rank " + str(static_cast<int64_t>(shape.size())));
+  const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
+  auto ends = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  TpBlock b;
+  b.rows = rows;
+  b.cols = cols;
+  auto row_split = [&](int64_t begin, int64_t count, int64_t total) {
+    FT_CHECK(rows == total, "tp_block: tensor '" + nm + "' has " + str(rows) + " rows, the shard expects " + str(total));
+    b.row_begin = begin;
+    b.rows = count;
+  };
+  auto col_split = [&](int64_t begin, int64_t count, int64_t total) {
+    FT_CHECK(shape.size() == 2 && cols == total,
+             "tp_block: tensor '" + nm + "' has " + str(cols) + " columns, the shard expects " + str(total));
+    b.col_begin = begin;
+    b.cols = count;
+  };
+  const int64_t qd = int64_t{s.num_q_heads} * s.size * s.head_dim;
+  const int64_t kvd = int64_t{s.num_kv_heads} * s.size / s.kv_replicas * s.head_dim;
+  const int64_t inter = s.inter_size * s.size;
+  if (ends(".self_attn.q_proj.weight") || ends(".self_attn.q_proj.bias")) {
+    row_split(s.q_row_begin(), s.q_rows(), qd);
+  } else if (ends(".self_attn.k_proj.weight") || ends(".self_attn.k_proj.bias") || ends(".self_attn.v_proj.weight") ||
+             ends(".self_attn.v_proj.bias")) {
+    row_split(s.kv_row_begin(), s.kv_rows(), kvd);
+  } else if (ends(".self_attn.o_proj.weight")) {
+    col_split(s.q_row_begin(), s.q_rows(), qd);
+  } else if (ends(".self_attn.o_proj.bias")) {
+    b.zeros = s.rank != 0;  // added after the all-reduce's inputs: counted once, on rank 0
+  } else if (ends(".mlp.gate_proj.weight") || ends(".mlp.up_proj.weight")) {
+    row_split(s.inter_begin, s.inter_size, inter);
+  } else if (ends(".mlp.down_proj.weight")) {
+    col_split(s.inter_begin, s.inter_size, inter);
+  } else {
+    FT_CHECK(ends("_layernorm.weight") || name == "model.embed_tokens.weight" || name == "model.norm.weight" ||
+                 name == "lm_head.weight",
+             "tp_block: '" + nm + "' is not a tensor of a Llama-family model");
+  }
+  return b;
+}
+
 ModelWeights shard_weights(const ModelWeights& w, int rank, int tp) {
   const ModelConfig& c = w.config;
   const TpShard s = tp_shard(c, rank, tp);

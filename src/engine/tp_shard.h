@@ -26,6 +26,8 @@
 // reads local kv head (h - q_head_begin) / (local Hq / local Hkv).
 #pragma once
 #include <cstdint>
+#include <span>
+#include <string_view>
 
 #include "engine/model_config.h"
 #include "engine/weights.h"
@@ -60,6 +62,19 @@ TpShard tp_shard(const ModelConfig& config, int rank, int tp);
 // The config of one rank's slice: num_attention_heads, num_key_value_heads and intermediate_size
 // are the rank's (the same on every rank); hidden, vocab, layers, RoPE etc. unchanged.
 ModelConfig tp_local_config(const ModelConfig& config, int tp);
+
+// The block of a checkpoint tensor (HF name, whole-model shape [out, in] or [n]) that `shard`
+// holds: rows [row_begin, row_begin + rows) x columns [col_begin, col_begin + cols), or, with zeros,
+// a zero tensor of that shape (o_proj's bias off rank 0). Replicated tensors give the whole tensor.
+// A loader reads just this block from the mmap'd checkpoint (row blocks are contiguous, column
+// blocks have row pitch shape[1]), so no rank ever holds the whole model. Throws for a name that
+// is not a Llama-family tensor or a shape that disagrees with the shard (head or column counts).
+struct TpBlock {
+  int64_t row_begin = 0, rows = 0;
+  int64_t col_begin = 0, cols = 1;
+  bool zeros = false;
+};
+TpBlock tp_block(const TpShard& shard, std::string_view name, std::span<const int64_t> shape);
 
 // Rank `rank`'s weights with config = tp_local_config(w.config, tp): row blocks of q/k/v (+ biases)
 // and gate/up, column blocks of o_proj and down_proj, o_proj's bias on rank 0 only (the other
