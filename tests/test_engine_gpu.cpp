@@ -514,6 +514,7 @@ TEST(GpuWeightLoading, CheckpointLoadEqualsHostUpload) {
   }
 }
 
+#if FASTTREE_HAVE_CUDA  // calls gpu_weights directly (built with the CUDA backend only)
 // Every tensor of `w`'s arena as host bytes (alignment gaps excluded), in layout order.
 std::vector<std::vector<unsigned char>> arena_tensors(const GpuWeights& w) {
   const ModelConfig& c = w.config();
@@ -581,6 +582,7 @@ TEST(GpuWeightLoading, ShardLoadEqualsShardedHostUpload) {
   expect_error([&] { load_gpu_weights_shard(folder, model_preset("tiny"), 2, 2, nullptr); }, {"rank 2"});
   expect_error([&] { load_gpu_weights_shard(folder, model_preset("tiny"), 0, 3, nullptr); }, {"tp 3"});
 }
+#endif  // FASTTREE_HAVE_CUDA
 
 TEST(GpuWeightLoading, BadCheckpointsNameTheTensor) {
   SKIP_WITHOUT_GPU();

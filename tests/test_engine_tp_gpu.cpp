@@ -536,7 +536,7 @@ TEST(TpGpu, MatchesTp1OnGoldenCheckpoints) {
     TpGpuModel two(w, 512, tp2());
     compare_models(one, two, dir);
     ++compared;
-    // make_model --tp 2 with a checkpoint folder: host load + shard, same logits.
+    // make_model --tp 2 with a checkpoint folder: each rank loads its blocks (load_gpu_weights_shard), same logits.
     ModelSpec spec;
     spec.model_dir = dir;
     spec.backend = "cuda";
