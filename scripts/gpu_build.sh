@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
-BUILD_DIR=$BUILD_DIR scripts/build.sh -DFASTTREE_STATIC_RUNTIME=ON -DCMAKE_CUDA_ARCHITECTURES=90a
+# Extra arguments go to cmake, e.g. an A/B variant: BUILD_DIR=build-gpu-b scripts/gpu_build.sh
+# -DCMAKE_CUDA_FLAGS=-DFT_TREE_WGMMA=1 (cmake keeps them in the build folder's cache).
+BUILD_DIR=$BUILD_DIR scripts/build.sh -DFASTTREE_STATIC_RUNTIME=ON -DCMAKE_CUDA_ARCHITECTURES=90a "$@"
 for b in fasttree fasttree_tests; do  # planner_bench needs the shared libbenchmark: it stays here
   ldd "$BUILD_DIR/$b" >/dev/null  # fails (and stops the script) when the binary is missing
   if ldd "$BUILD_DIR/$b" | grep -vE "linux-vdso|libc\.so|libm\.so|ld-linux|libpthread|libdl|librt|libcublas\.so|libcublasLt\.so|libgcc_s\.so|libstdc\+\+\.so|libnccl\.so" | grep -q "=>"; then
