@@ -6,7 +6,6 @@
 #include <limits>
 #include <map>
 #include <random>
-#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -198,34 +197,6 @@ void upload_target(const Target& t, DType dtype, const void* src, const HeadMap&
     };
   }
   stager.upload(t.dst, dst_rows * dst_cols, esize, dst_cols, fill);
-}
-
-// Every tensor of `config` must be in the folder with its shape: errors name a missing tensor (and
-// a few unused checkpoint tensors), or the file, tensor and both shapes.
-void check_checkpoint(const SafetensorsFolder& folder, const ModelConfig& config) {
-  ModelWeights names;  // only for weight_tensors' names and shapes
-  names.config = config;
-  names.layers.resize(static_cast<size_t>(config.num_hidden_layers));
-  const std::vector<WeightTensor> expected = weight_tensors(names);
-  std::set<std::string> expected_names;
-  for (const WeightTensor& t : expected) expected_names.insert(t.name);
-  for (const WeightTensor& t : expected) {
-    if (folder.find(t.name) != nullptr) continue;
-    std::string unused;
-    int listed = 0;
-    for (const std::string& n : folder.names()) {
-      if (expected_names.count(n) || n == "lm_head.weight") continue;
-      if (listed < 3) unused += std::string(listed ? ", " : "") + "'" + n + "'";
-      ++listed;
-    }
-    FT_FAIL(folder.path() + ": missing tensor '" + t.name + "'" +
-            (listed ? " (unused tensors in the checkpoint: " + unused + (listed > 3 ? ", ..." : "") + ")" : ""));
-  }
-  for (const WeightTensor& t : expected) {
-    const TensorView& v = folder.tensor(t.name);
-    FT_CHECK(v.shape == t.shape, folder.file_of(t.name) + ": tensor '" + t.name + "' has shape " + shape_str(v.shape) +
-                                     ", expected " + shape_str(t.shape) + " for this config");
-  }
 }
 
 uint64_t splitmix64(uint64_t x) {

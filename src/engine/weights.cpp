@@ -55,14 +55,11 @@ std::vector<WeightTensor> weight_tensors(ModelWeights& w) {
   return out;
 }
 
-ModelWeights load_weights(const SafetensorsFolder& folder, const ModelConfig& config, int num_threads) {
-  config.validate();
-  check_cpu_size(config, "load_weights");
-  ModelWeights w;
-  w.config = config;
-  resize(w);
-  std::vector<WeightTensor> tensors = weight_tensors(w);
-
+void check_checkpoint(const SafetensorsFolder& folder, const ModelConfig& config) {
+  ModelWeights names;  // only for weight_tensors' names and shapes (no tensor is allocated)
+  names.config = config;
+  names.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  const std::vector<WeightTensor> tensors = weight_tensors(names);
   // Presence first (in checkpoint order, so the first missing tensor is the one reported).
   std::set<std::string> expected;
   for (const WeightTensor& t : tensors) expected.insert(t.name);
@@ -78,12 +75,21 @@ ModelWeights load_weights(const SafetensorsFolder& folder, const ModelConfig& co
     FT_FAIL(folder.path() + ": missing tensor '" + t.name + "'" +
             (listed ? " (unused tensors in the checkpoint: " + unused + (listed > 3 ? ", ..." : "") + ")" : ""));
   }
-  // Shapes, then conversion (in parallel over tensors).
   for (const WeightTensor& t : tensors) {
     const TensorView& v = folder.tensor(t.name);
     FT_CHECK(v.shape == t.shape, folder.file_of(t.name) + ": tensor '" + t.name + "' has shape " +
                                      shape_str(v.shape) + ", expected " + shape_str(t.shape) + " for this config");
   }
+}
+
+ModelWeights load_weights(const SafetensorsFolder& folder, const ModelConfig& config, int num_threads) {
+  config.validate();
+  check_cpu_size(config, "load_weights");
+  check_checkpoint(folder, config);  // presence and shapes, before any allocation
+  ModelWeights w;
+  w.config = config;
+  resize(w);
+  std::vector<WeightTensor> tensors = weight_tensors(w);
   parallel_for(
       static_cast<int64_t>(tensors.size()),
       [&](int64_t i) {

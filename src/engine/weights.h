@@ -64,6 +64,9 @@ inline constexpr int64_t kMaxCpuParams = int64_t{2} << 30;
 // Loads every tensor of `config` from the checkpoint, converting BF16/F16/F32 to fp32. A missing
 // tensor is an error naming it (and listing a few unused checkpoint tensors, which are likely
 // misnamed); a wrong shape names the tensor, the file and both shapes.
+// Every tensor of `config` must be in the folder with its shape: errors name the first missing
+// tensor (and a few unused checkpoint tensors), or the file, tensor and both shapes. Reads no data.
+void check_checkpoint(const SafetensorsFolder& folder, const ModelConfig& config);
 ModelWeights load_weights(const SafetensorsFolder& folder, const ModelConfig& config, int num_threads = 0);
 
 // Seeded random weights: norms 1 + U(-0.1, 0.1); embedding U(-1, 1); every projection
