@@ -216,36 +216,19 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   const int per_sm = options.ctas_per_sm > 0 ? std::min(options.ctas_per_sm, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
   m.grid = m.num_sms * per_sm;
   m.merge_grid = m.num_sms * 4;
-  m.warp_max_kv = options.warp_unit_max_kv;
-  if (m.warp_max_kv < 0) {
-    const char* env = std::getenv("FT_WARP_UNITS");
-    m.warp_max_kv = env != nullptr ? std::atoi(env) : kDefaultWarpUnitMaxKv;
-  }
-  if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
-  int overlap = options.warp_overlap;
-  if (overlap < 0) {
-    const char* env = std::getenv("FT_WARP_OVERLAP");
-    overlap = env != nullptr ? std::atoi(env) : 1;
-  }
-  m.warp_overlap = m.warp_max_kv > 0 && overlap != 0;
-  int pdl = options.merge_pdl;
-  if (pdl < 0) {
-    const char* env = std::getenv("FT_MERGE_PDL");
-    pdl = env != nullptr ? std::atoi(env) : 1;
-  }
-  m.merge_pdl = pdl != 0;
-  FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
-           "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
-  m.warp_min_units = options.warp_unit_min_units;
-  if (m.warp_min_units < 0) {
-    const char* env = std::getenv("FT_WARP_MIN_UNITS");
-    m.warp_min_units = env != nullptr ? std::max(0, std::atoi(env)) : kDefaultWarpUnitMinUnits;
-  }
+  // An option < 0 takes its environment variable if set (A/B runs), else the default.
   auto env_or = [](int v, const char* name, int dflt) {
     if (v >= 0) return v;
     const char* env = std::getenv(name);
     return env != nullptr ? std::atoi(env) : dflt;
   };
+  m.warp_max_kv = env_or(options.warp_unit_max_kv, "FT_WARP_UNITS", kDefaultWarpUnitMaxKv);
+  if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
+  m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 1) != 0;
+  m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
+  FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
+           "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
+  m.warp_min_units = std::max(0, env_or(options.warp_unit_min_units, "FT_WARP_MIN_UNITS", kDefaultWarpUnitMinUnits));
   const int staged = env_or(options.warp_staged, "FT_WARP_STAGED", kDefaultWarpStaged);
   m.warp_shape.stages = staged != 0 ? env_or(options.warp_stages, "FT_WARP_STAGES", kDefaultWarpStages) : 0;
   m.warp_shape.warps = env_or(options.warp_cta_warps, "FT_WARP_CTA_WARPS", kDefaultWarpCtaWarps);
