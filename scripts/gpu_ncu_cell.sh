@@ -14,7 +14,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 tag="${LEVELS//,/-}-${HEADS//\//x}"
-timeout 300 ncu --set full --kernel-name regex:"$REGEX" --launch-count "$COUNT" \
+timeout 300 ncu ${NCU_ARGS:---set full} --kernel-name regex:"$REGEX" --launch-count "$COUNT" \
   "$BIN" bench --levels "$LEVELS" --lens "$LENS" --heads "$HEADS" --dtypes fp16 --iters 1 --warmup 0 \
   --check-queries 0 --no-graph "$@" > "$OUT/ncu-$tag.txt" 2>&1
 rc=$?

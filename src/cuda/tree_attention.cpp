@@ -213,15 +213,16 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.kinfo));
   FT_CHECK(m.kinfo.ctas_per_sm >= 1, "CUDA tree attention: the kernel does not fit on an SM (" +
                                          str(m.kinfo.smem_bytes) + " bytes of shared memory)");
-  const int per_sm = options.ctas_per_sm > 0 ? std::min(options.ctas_per_sm, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
-  m.grid = m.num_sms * per_sm;
-  m.merge_grid = m.num_sms * 4;
   // An option < 0 takes its environment variable if set (A/B runs), else the default.
   auto env_or = [](int v, const char* name, int dflt) {
     if (v >= 0) return v;
     const char* env = std::getenv(name);
     return env != nullptr ? std::atoi(env) : dflt;
   };
+  const int want_main = env_or(options.ctas_per_sm > 0 ? options.ctas_per_sm : -1, "FT_MAIN_CTAS", 0);
+  const int per_sm = want_main > 0 ? std::min(want_main, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
+  m.grid = m.num_sms * per_sm;
+  m.merge_grid = m.num_sms * 4;
   m.warp_max_kv = env_or(options.warp_unit_max_kv, "FT_WARP_UNITS", kDefaultWarpUnitMaxKv);
   if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
   m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 1) != 0;

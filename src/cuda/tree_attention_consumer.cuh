@@ -33,9 +33,22 @@ struct Consumer {
   float m[2];       // running max of the scaled (log2) scores of rows g, g + 8
   float l[2];       // running Σ 2^(s - m), per thread (reduced over the quad at the end)
   uint32_t qf[Cfg::kQInRegs ? kKSteps : 1][4];
+  // This lane's ldmatrix byte offsets inside a swz64 column block, by k-step (K) or 16-column
+  // group (V) modulo 4: the swizzle term depends only on that and on lane % 8, so every K / V
+  // fragment address is a stage base plus one of these plus a compile-time offset.
+  uint32_t ko[4], vo[4];
 
   __device__ Consumer(const TreeAttnParams& params, const SmemLayout& smem, int w, int ln)
-      : p(params), s(smem), warp(w), lane(ln) {}
+      : p(params), s(smem), warp(w), lane(ln) {
+    const int r7 = lane & 7;
+    const int rk = ((lane >> 4) << 3) + r7, bk = (lane >> 3) & 1;  // K: row in the 16-row group, 8-column half
+    const int rv = (((lane >> 3) & 1) << 3) + r7, cv = lane >> 4;  // V (transposed): row, 8-column half
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      ko[q] = static_cast<uint32_t>((rk * 64 + (((2 * q + bk) ^ r7) << 3)) * 2);
+      vo[q] = static_cast<uint32_t>((rv * 64 + (((2 * q + cv) ^ r7) << 3)) * 2);
+    }
+  }
 
   __device__ void reset() {
 #pragma unroll
@@ -52,10 +65,12 @@ struct Consumer {
     }
   }
 
-  // Online softmax of an S tile (NT n-tiles of 8 columns starting at column cb; columns >= count
-  // are masked) in the log2 domain: row max over the quad, m / l updated, sc becomes P = 2^(s - m),
-  // and O is rescaled (unless this is the unit's first tile, where it is still zero).
-  template <int NT>
+  // Online softmax of an S tile of raw scores (NT n-tiles of 8 columns starting at column cb; with
+  // kMask, columns >= count are masked) in the log2 domain: row max over the quad, m / l updated
+  // (m in scaled units), sc becomes P = 2^(s * scale - m) (one FFMA per element), and O is
+  // rescaled unless this is the unit's first tile (O still zero) or no row max of the warp moved.
+  // The scale (sm_scale * log2 e) is positive, so the max of the raw scores scales to the max.
+  template <int NT, bool kMask = true>
   __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], int cb, int count, bool first) {
     const int tq = lane & 3;
     const float scale = p.scale_log2;
@@ -65,8 +80,11 @@ struct Consumer {
       const int col = cb + i * 8 + 2 * tq;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float x = col + (e & 1) < count ? sc[i][e] * scale : neg_inf();
-        sc[i][e] = x;
+        float x = sc[i][e];
+        if constexpr (kMask) {
+          x = col + (e & 1) < count ? x : neg_inf();
+          sc[i][e] = x;
+        }
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
     }
@@ -75,7 +93,7 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
+      const float m_new = fmaxf(m[r], mx[r] * scale);
       mu[r] = m_new == neg_inf() ? 0.0f : m_new;  // all masked so far: exponents stay -inf -> 0
       alpha[r] = fast_exp2(m[r] - mu[r]);         // m = -inf -> 0
       m[r] = m_new;
@@ -85,12 +103,12 @@ struct Consumer {
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = fast_exp2(sc[i][e] - mu[e >> 1]);
+        const float pe = fast_exp2(fmaf(sc[i][e], scale, -mu[e >> 1]));
         sc[i][e] = pe;
         l[e >> 1] += pe;
       }
     }
-    if (!first) {
+    if (!first && __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int i = 0; i < kDT; ++i) {
         o[i][0] *= alpha[0];
@@ -103,9 +121,12 @@ struct Consumer {
 
   // One KV tile for the warp's 16 rows x NW columns starting at column cb.
   // first: the unit's first tile (o is still zero, so its rescale is skipped).
-  template <int NW>
+  // kFull: all NW columns hold tokens (cb + NW <= count): no column checks, no masking.
+  template <int NW, bool kFull>
   __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first) {
     constexpr int NT = NW / 8;
+    const uint32_t kc = k_base + cb * 128;  // column group's first K / V row (128 bytes per swz64 row)
+    const uint32_t vc = v_base + cb * 128;
     float sc[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
@@ -124,33 +145,30 @@ struct Consumer {
       }
 #pragma unroll
       for (int j = 0; j < NT / 2; ++j) {
-        if (cb + 16 * j < count) {
-          const int row = cb + 16 * j + ((lane >> 4) << 3) + (lane & 7);
-          const int col = kk * 16 + (((lane >> 3) & 1) << 3);
+        if (kFull || cb + 16 * j < count) {
           uint32_t bk[4];
-          ldmatrix_x4(bk, k_base + swz64<D>(row, col) * 2);
+          ldmatrix_x4(bk, kc + (kk >> 2) * 8192 + j * 2048 + ko[kk & 3]);
           mma_16816<T>(sc[2 * j], a, bk[0], bk[1]);
           mma_16816<T>(sc[2 * j + 1], a, bk[2], bk[3]);
         }
       }
     }
 
-    online_softmax<NT>(sc, cb, count, first);
+    online_softmax<NT, !kFull>(sc, cb, count, first);
 
     // O += P V, 16 tokens per k-step.
 #pragma unroll
     for (int j = 0; j < NT / 2; ++j) {
-      if (cb + 16 * j < count) {
+      if (kFull || cb + 16 * j < count) {
         uint32_t a[4];
         a[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
         a[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
         a[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
         a[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
-        const int row = cb + 16 * j + (((lane >> 3) & 1) << 3) + (lane & 7);
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_base + swz64<D>(row, (2 * dn + (lane >> 4)) * 8) * 2);
+          ldmatrix_x4_trans(bv, vc + j * 2048 + (dn >> 2) * 8192 + vo[dn & 3]);
           mma_16816<T>(o[2 * dn], a, bv[0], bv[1]);
           mma_16816<T>(o[2 * dn + 1], a, bv[2], bv[3]);
         }
@@ -410,7 +428,13 @@ struct Consumer {
     if constexpr (kWg) {
       compute_wgmma(q_base, k_base, v_base, count, first);  // every warp of the group, active or not
     } else {
-      if (active && cb < count) compute<NW>(q_base, k_base, v_base, row_base, cb, count, first);
+      if (active && cb < count) {
+        if (cb + NW <= count) {
+          compute<NW, true>(q_base, k_base, v_base, row_base, cb, count, first);
+        } else {
+          compute<NW, false>(q_base, k_base, v_base, row_base, cb, count, first);
+        }
+      }
     }
     if (last) {
       if constexpr (R == 4) {

@@ -228,6 +228,20 @@ struct Producer {
       const int64_t off0 = (slot0 + sub) * row_stride + col_off;
       const T* kp = kg + off0;
       const T* vp = vg + off0;
+      if (count == kN) {
+        // Full tile (the common case of long contexts): no row checks; each address is one
+        // 32-bit multiply-add onto the lane's K or V base (the pass's row offset in bytes is
+        // < 2^31: kPasses x kRpp rows x row_stride x 2 bytes).
+        const char* kb = reinterpret_cast<const char*>(kp);
+        const char* vb = reinterpret_cast<const char*>(vp);
+        const uint32_t step = static_cast<uint32_t>(kRpp * row_stride * static_cast<int64_t>(sizeof(T)));
+#pragma unroll
+        for (int ps = 0; ps < kPasses; ++ps) {
+          cp_async_16_full(sk + pass_off(ps), kb + ps * step);
+          cp_async_16_full(sv + pass_off(ps), vb + ps * step);
+        }
+        return;
+      }
 #pragma unroll
       for (int ps = 0; ps < kPasses; ++ps) {
         if (ps * kRpp < vfill) {
