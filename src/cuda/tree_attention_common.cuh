@@ -10,8 +10,8 @@
 
 namespace fasttree::cuda_detail {
 
-#ifndef FT_TREE_WGMMA  // A/B builds: -DFT_TREE_WGMMA=1 runs the 64-row tiles on wgmma (slower so far: PERF_NOTES.md)
-#define FT_TREE_WGMMA 0
+#ifndef FT_TREE_WGMMA  // A/B builds: -DFT_TREE_WGMMA=0 runs every tile on mma.sync (PERF_NOTES.md)
+#define FT_TREE_WGMMA 1
 #endif
 
 template <int D>

@@ -122,7 +122,9 @@ struct Consumer {
   // One KV tile for the warp's 16 rows x NW columns starting at column cb.
   // first: the unit's first tile (o is still zero, so its rescale is skipped).
   // kFull: all NW columns hold tokens (cb + NW <= count): no column checks, no masking.
-  template <int NW, bool kFull>
+  // kQSmem: Q fragments from the Q slot (ldmatrix) instead of registers (d = 256, and the partial
+  // tiles of wgmma units, whose Q is never loaded into registers).
+  template <int NW, bool kFull, bool kQSmem = !Cfg::kQInRegs>
   __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first) {
     constexpr int NT = NW / 8;
     const uint32_t kc = k_base + cb * 128;  // column group's first K / V row (128 bytes per swz64 row)
@@ -135,7 +137,7 @@ struct Consumer {
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       uint32_t a[4];
-      if constexpr (Cfg::kQInRegs) {
+      if constexpr (!kQSmem) {
         a[0] = qf[kk][0];
         a[1] = qf[kk][1];
         a[2] = qf[kk][2];
@@ -197,7 +199,7 @@ struct Consumer {
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sc);
-    online_softmax<8>(sc, 0, count, first);
+    online_softmax<8, false>(sc, 0, count, first);  // full tiles only
     uint32_t pa[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -426,7 +428,13 @@ struct Consumer {
       if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
     }
     if constexpr (kWg) {
-      compute_wgmma(q_base, k_base, v_base, count, first);  // every warp of the group, active or not
+      // Full tiles on wgmma (every warp of the group, active or not); a unit's partial last tile
+      // (fewer than 64 tokens) on mma.sync, whose k-steps stop at the last token.
+      if (count == kN) {
+        compute_wgmma(q_base, k_base, v_base, count, first);
+      } else if (active) {
+        compute<kN, false, true>(q_base, k_base, v_base, row_base, 0, count, first);
+      }
     } else {
       if (active && cb < count) {
         if (cb + NW <= count) {

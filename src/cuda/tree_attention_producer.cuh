@@ -207,7 +207,7 @@ struct Producer {
   }
 
   // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
-  // [count, round_up(count, 16)) are zeroed (V rows up to 64 on the wgmma path), rows beyond are never read.
+  // [count, round_up(count, 16)) are zeroed, rows beyond are never read (wgmma runs full tiles only).
   __device__ void issue_kv(UnitCtx& c, int t, int count, int stage) const {
     const T* kg = static_cast<const T*>(p.k);
     const T* vg = static_cast<const T*>(p.v);
@@ -217,9 +217,6 @@ struct Producer {
     const int64_t col_off = static_cast<int64_t>(c.kvh) * p.kv_head_stride + chunk * 8;
     const int base = c.d.kv_begin + t * kN;
     const int fill = (count + 15) & ~15;
-    // The wgmma path (64-row blocks, D <= 128) multiplies all 64 V rows: zero those beyond fill too
-    // (P is 0 there, but stale shared memory could hold NaN bit patterns).
-    const int vfill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : fill;
     ensure_window(c, base);
     const int k0 = window_search(c, base);  // same for every lane
     if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
@@ -244,10 +241,10 @@ struct Producer {
       }
 #pragma unroll
       for (int ps = 0; ps < kPasses; ++ps) {
-        if (ps * kRpp < vfill) {
+        if (ps * kRpp < fill) {
           const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
           const int64_t o = ps * kRpp * row_stride;
-          if (ps * kRpp < fill) cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
+          cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
           cp_async_16(sv + pass_off(ps), valid ? vp + o : vg, valid ? 16 : 0);
         }
       }
@@ -268,12 +265,12 @@ struct Producer {
     }
 #pragma unroll 8
     for (int ps = 0; ps < kPasses; ++ps) {
-      if (ps * kRpp < vfill) {
+      if (ps * kRpp < fill) {
         const int row = ps * kRpp + sub;
         const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
         const bool valid = row < count;
         const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + col_off : 0;
-        if (ps * kRpp < fill) cp_async_16(sk + pass_off(ps), kg + off, valid ? 16 : 0);
+        cp_async_16(sk + pass_off(ps), kg + off, valid ? 16 : 0);
         cp_async_16(sv + pass_off(ps), vg + off, valid ? 16 : 0);
       }
     }
