@@ -111,7 +111,8 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
   // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too), the
   // latter with the cp.async-staged warp kernel (2) and the register one (4).
   // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the staged warp path
-  // with a ring of 3 jobs and 3 warps per CTA (modes 2: 2 jobs, 2 warps).
+  // with a ring of 3 jobs and 3 warps per CTA (modes 2: 2 jobs, 2 warps). Modes 1 and 3 merge with
+  // the wide merge kernel (one CTA per job), modes 2 and 4 with the lane-group one.
   for (int mode = 0; mode < 5; ++mode) {
     const bool fused = mode == 0;
     const bool warp_mode = mode == 2 || mode == 4;
@@ -124,10 +125,11 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
     opt.warp_stages = mode == 3 ? 3 : 2;
     opt.warp_cta_warps = mode == 3 ? 3 : 2;
     opt.kv_head_major = mode == 3;
+    opt.merge_wide = mode == 1 || mode == 3 ? 1 : 0;
     const char* tag = mode == 0   ? " [fused merge]"
-                      : mode == 1 ? " [merge launch]"
+                      : mode == 1 ? " [wide merge launch]"
                       : mode == 2 ? " [staged warp-per-unit + merge launch]"
-                      : mode == 3 ? " [head-major K/V]"
+                      : mode == 3 ? " [head-major K/V, wide merge]"
                                   : " [register warp-per-unit + merge launch]";
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);

@@ -120,6 +120,7 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_staged = options.warp_staged;
   opt.warp_stages = options.warp_stages;
   opt.warp_cta_warps = options.warp_cta_warps;
+  opt.merge_wide = options.merge_wide;
   if (options.kv_head_major) {
     opt.kv_layout = KvLayout::kHeadMajor;
     opt.kv_slots = num_slots;

@@ -47,6 +47,7 @@ struct CudaRunOptions {
   int warp_staged = -1;          // CudaTreeAttentionOptions::warp_staged
   int warp_stages = -1;          // CudaTreeAttentionOptions::warp_stages
   int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
+  int merge_wide = -1;           // CudaTreeAttentionOptions::merge_wide
   bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
 };
 

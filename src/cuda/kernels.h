@@ -43,7 +43,8 @@ int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stre
 // Launches the merge kernel (grid-stride over non-direct queries x heads). pdl: as a programmatic
 // dependent of the kernel enqueued just before it on `stream` (that kernel must be the one writing
 // the partials, and nothing else may come between them).
-int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl);
+// wide: merge_kernel_wide (one CTA per job; plans with many partial rows per job).
+int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide);
 
 // Fills n 16-bit values (dtype) with a deterministic pseudo-random uniform [-1, 1) sequence.
 int fill_uniform_launch(int dtype, void* data, int64_t n, uint64_t seed, CUstream_st* stream);

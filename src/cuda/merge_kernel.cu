@@ -14,9 +14,10 @@ namespace fasttree::cuda_detail {
 namespace {
 
 template <int D>
-int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool pdl) {
+int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide) {
+  const auto kernel = wide ? merge_kernel_wide<D> : merge_kernel<D>;
   if (!pdl) {
-    merge_kernel<D><<<grid, kMergeThreads, 0, stream>>>(params);
+    kernel<<<grid, kMergeThreads, 0, stream>>>(params);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg{};
@@ -29,16 +30,16 @@ int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, merge_kernel<D>, params);
+  return cudaLaunchKernelEx(&cfg, kernel, params);
 }
 
 }  // namespace
 
-int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl) {
+int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide) {
   switch (head_dim) {
-    case 64: return launch_merge<64>(params, grid, stream, pdl);
-    case 128: return launch_merge<128>(params, grid, stream, pdl);
-    case 256: return launch_merge<256>(params, grid, stream, pdl);
+    case 64: return launch_merge<64>(params, grid, stream, pdl, wide);
+    case 128: return launch_merge<128>(params, grid, stream, pdl, wide);
+    case 256: return launch_merge<256>(params, grid, stream, pdl, wide);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -36,6 +36,20 @@ struct MergeShape {
   static_assert(2 * kLpj * 4 == D, "two float4 per lane");
 };
 
+// Stores a merged job: out[q, h, :] = acc / sum from lane k's two float4 (columns k and k + kLpj),
+// lse[q, h] = mx + ln(sum) (lane k == 0); sum = 0 (no non-empty row): out = 0, lse = -inf.
+template <int D>
+__device__ __forceinline__ void merge_store(float* out, float* lse, int hq, int q, int h, int k, const float4 (&acc)[2],
+                                            float sum, float mx) {
+  constexpr int kLpj = MergeShape<D>::kLpj;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  float4* dst = reinterpret_cast<float4*>(out + (static_cast<int64_t>(q) * hq + h) * D);
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    dst[k + e * kLpj] = make_float4(acc[e].x * inv, acc[e].y * inv, acc[e].z * inv, acc[e].w * inv);
+  if (k == 0 && lse != nullptr) lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : __int_as_float(0xff800000);
+}
+
 // One job per lane group (see the header comment). Every lane of the warp must call it; `active`
 // false: the group does nothing visible (its loads touch partial row 0, which exists).
 template <int D>
@@ -112,17 +126,17 @@ __device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_ro
   }
 #pragma unroll
   for (int off = kLpj / 2; off >= 1; off >>= 1) sum += __shfl_xor_sync(kAll, sum, off);
-  if (active) {
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    float4* dst = reinterpret_cast<float4*>(out + (static_cast<int64_t>(q) * hq + h) * D);
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      dst[k + e * kLpj] = make_float4(acc[e].x * inv, acc[e].y * inv, acc[e].z * inv, acc[e].w * inv);
-    if (k == 0 && lse != nullptr) lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : ninf;
-  }
+  if (active) merge_store<D>(out, lse, hq, q, h, k, acc, sum, mx);
 }
 
-// merge_group_online: the separate merge kernel's version of merge_group (same contract), in one
+// Running state of an online merge over some partial rows of one job: Σ w_r x_r (this lane's two
+// float4), Σ w_r and the max LSE m, with w_r = 2^((lse_r - m) log2 e).
+struct MergeState {
+  float4 acc[2];
+  float sum, mx;
+};
+
+// merge_rows_online: the separate merge kernel's version of merge_group (same contract), in one
 // pass with a running maximum (no separate max pass): rows are taken kStep at a time; every lane of
 // the group loads the step's row ids (broadcast), their LSEs and its two float4 of each row
 // together, so a step costs one dependent L2 round trip after its row ids, and the next step's row
@@ -130,16 +144,15 @@ __device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_ro
 // 2^(m - m'); rows with lse = -inf (or beyond n) weigh 0 and are skipped without multiplying.
 // (~100 registers: the fused merge inside the tree kernel keeps the two-pass merge_group, whose
 // smaller footprint does not make the tree kernel spill.)
+// It merges rows merge_rows[rb .. rb + n) into a MergeState (not yet normalized; lane k of its
+// group of kLpj lanes holds float4 columns k and k + kLpj).
 template <int D>
-__device__ __forceinline__ void merge_group_online(const int32_t* __restrict__ merge_rows, const float* partial,
-                                                   const float* partial_lse, float* out, float* lse, int hq,
-                                                   bool active, int q, int h, int rb, int n, int lane) {
+__device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restrict__ merge_rows, const float* partial,
+                                                        const float* partial_lse, int hq, int h, int rb, int n, int k) {
   constexpr int kLpj = MergeShape<D>::kLpj;
   constexpr int kStep = MergeShape<D>::kStep;
   constexpr float kLog2e = 1.4426950408889634f;
   const float ninf = __int_as_float(0xff800000);
-  const int k = lane % kLpj;
-  if (!active) n = 0;
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float sum = 0.0f, mx = ninf;  // running max of lse (natural log units) and Σ 2^((lse - mx) log2 e)
   int rows[kStep];
@@ -193,14 +206,16 @@ __device__ __forceinline__ void merge_group_online(const int32_t* __restrict__ m
       }
     }
   }
-  if (active) {
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    float4* dst = reinterpret_cast<float4*>(out + (static_cast<int64_t>(q) * hq + h) * D);
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      dst[k + e * kLpj] = make_float4(acc[e].x * inv, acc[e].y * inv, acc[e].z * inv, acc[e].w * inv);
-    if (k == 0 && lse != nullptr) lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : ninf;
-  }
+  return MergeState{{acc[0], acc[1]}, sum, mx};
+}
+
+template <int D>
+__device__ __forceinline__ void merge_group_online(const int32_t* __restrict__ merge_rows, const float* partial,
+                                                   const float* partial_lse, float* out, float* lse, int hq,
+                                                   bool active, int q, int h, int rb, int n, int lane) {
+  const int k = lane % MergeShape<D>::kLpj;
+  const MergeState st = merge_rows_online<D>(merge_rows, partial, partial_lse, hq, h, rb, active ? n : 0, k);
+  if (active) merge_store<D>(out, lse, hq, q, h, k, st.acc, st.sum, st.mx);
 }
 
 template <int D>
@@ -223,6 +238,61 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
       n = p.merge_begin[q + 1] - rb;
     }
     merge_group_online<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, hq, active, q, h, rb, n, lane);
+  }
+}
+
+// merge_kernel_wide: the separate launch for plans with many partial rows per job (few queries
+// split into many chunks, e.g. one long shared context): one CTA per job (grid-stride), its
+// kGroups lane groups each merge a contiguous share of the job's rows (merge_rows_online), then
+// the kGroups states are combined through shared memory, so a job costs about one L2 round trip
+// instead of one per 8 rows.
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergeParams p) {
+  griddep_wait();
+  constexpr int kLpj = MergeShape<D>::kLpj;
+  constexpr int kGroups = kMergeThreads / kLpj;  // 32, 16, 8
+  constexpr float kLog2e = 1.4426950408889634f;
+  __shared__ float4 s_acc[kGroups][2 * kLpj];  // group g's float4 columns (column c at index c)
+  __shared__ float2 s_ms[kGroups];             // (mx, sum) of group g
+  const float ninf = __int_as_float(0xff800000);
+  const int hq = p.num_qo_heads;
+  const int total = p.counts->num_merge * hq;
+  const int grp = threadIdx.x / kLpj, k = threadIdx.x % kLpj;
+  for (int job = blockIdx.x; job < total; job += gridDim.x) {  // CTA-uniform
+    const int q = p.merge_queries[job / hq];
+    const int h = job % hq;
+    const int rb = p.merge_begin[q];
+    const int n = p.merge_begin[q + 1] - rb;
+    const int share = (n + kGroups - 1) / kGroups;
+    const int b = min(n, grp * share), e = min(n, b + share);
+    const MergeState st = merge_rows_online<D>(p.merge_rows, p.partial, p.partial_lse, hq, h, rb + b, e - b, k);
+    s_acc[grp][k] = st.acc[0];
+    s_acc[grp][k + kLpj] = st.acc[1];
+    if (k == 0) s_ms[grp] = make_float2(st.mx, st.sum);
+    __syncthreads();
+    if (grp == 0) {  // lanes 0 .. kLpj - 1: combine the groups for their two float4 columns
+      float mx = ninf;
+#pragma unroll 8
+      for (int g = 0; g < kGroups; ++g) mx = fmaxf(mx, s_ms[g].x);
+      float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+      float sum = 0.0f;
+      if (mx != ninf) {
+#pragma unroll 4
+        for (int g = 0; g < kGroups; ++g) {
+          const float2 ms = s_ms[g];
+          if (ms.y == 0.0f) continue;  // a group with no non-empty row (its acc is 0, its mx may be -inf)
+          const float w = exp2f((ms.x - mx) * kLog2e);
+          sum = fmaf(w, ms.y, sum);
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float4 x = s_acc[g][k + c * kLpj];
+            acc[c] = make_float4(fmaf(w, x.x, acc[c].x), fmaf(w, x.y, acc[c].y), fmaf(w, x.z, acc[c].z), fmaf(w, x.w, acc[c].w));
+          }
+        }
+      }
+      merge_store<D>(p.out, p.lse, hq, q, h, k, acc, sum, mx);
+    }
+    __syncthreads();  // the next job overwrites s_acc / s_ms
   }
 }
 

@@ -85,6 +85,8 @@ struct CudaTreeAttention::Impl {
   WarpKernelShape warp_shape;  // warp kernel variant (resolved options; stages 0 = register kernel)
   bool warp_overlap = false;  // warp kernel on side_stream beside the main kernel
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
+  int merge_wide_opt = -1;    // resolved merge_wide option (-1: by the plan)
+  bool merge_wide = false;    // the uploaded plan merges with merge_kernel_wide
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
@@ -118,7 +120,7 @@ struct CudaTreeAttention::Impl {
   bool uploaded = false;
   int num_orphans = 0;
   uint64_t epoch = 1;
-  bool last_has_units = false, last_has_merge = false, last_has_warp = false;
+  bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false;
 
   // Launch sequence of the uploaded plan: fused = one tree-kernel launch that also merges.
   bool fused() const { return options.fuse_merge && options.run_merge && num_units > 0; }
@@ -227,6 +229,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
   m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 1) != 0;
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
+  m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
            "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
   m.warp_min_units = std::max(0, env_or(options.warp_unit_min_units, "FT_WARP_MIN_UNITS", kDefaultWarpUnitMinUnits));
@@ -487,12 +490,19 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   m.num_units = static_cast<int>(num_blocks * sh.num_kv_heads);
   m.num_main_units = static_cast<int>(num_main_blocks * sh.num_kv_heads);
   m.num_merge = static_cast<int>(num_merge);
+  // Many partial rows per merged query (few queries, long split contexts): one CTA per job.
+  m.merge_wide = m.merge_wide_opt >= 0 ? m.merge_wide_opt != 0
+                                       : num_merge > 0 && static_cast<int64_t>(plan.merge_rows.size()) >=
+                                                              kDefaultWideMergeRows * num_merge;
   m.num_orphans = static_cast<int>(num_orphans);
   m.num_partial_rows = rows_cap;
   m.uploaded = true;
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
              has_warp = m.num_units > m.num_main_units;
-  if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp) ++m.epoch;
+  if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp ||
+      m.merge_wide != m.last_merge_wide)
+    ++m.epoch;
+  m.last_merge_wide = m.merge_wide;
   m.last_has_units = has_units;
   m.last_has_merge = has_merge;
   m.last_has_warp = has_warp;
@@ -562,7 +572,9 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     mp.out = out;
     mp.lse = lse;
     mp.num_qo_heads = m.shape.num_qo_heads;
-    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_grid, stream, m.merge_pdl && merge_follows_kernel));
+    // The wide kernel: grid-stride over jobs with up to 8 CTAs per SM.
+    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_wide ? 2 * m.merge_grid : m.merge_grid, stream,
+                                      m.merge_pdl && merge_follows_kernel, m.merge_wide));
   }
 }
 

@@ -93,10 +93,16 @@ struct CudaTreeAttentionOptions {
   // the main one: there the merge waits on the join event); 0: a plain launch; < 0: the
   // FT_MERGE_PDL environment variable if set, else 1.
   int merge_pdl = -1;
+  // Merge kernel variant: 1 = merge_kernel_wide (one CTA per (query, head) job, its rows split over
+  // 16 lane groups), 0 = merge_kernel (a lane group per job); < 0: the FT_MERGE_WIDE environment
+  // variable if set, else wide exactly when the plan averages >= kDefaultWideMergeRows partial rows
+  // per merged query.
+  int merge_wide = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   int64_t kv_slots = 0;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 64;
+inline constexpr int kDefaultWideMergeRows = 16;
 inline constexpr int kDefaultWarpStaged = 1;
 inline constexpr int kDefaultWarpStages = 2;
 inline constexpr int kDefaultWarpCtaWarps = 3;
