@@ -101,7 +101,7 @@ struct CudaTreeAttentionOptions {
   KvLayout kv_layout = KvLayout::kSlotMajor;
   int64_t kv_slots = 0;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
-inline constexpr int kDefaultWarpUnitMaxKv = 64;
+inline constexpr int kDefaultWarpUnitMaxKv = 128;
 inline constexpr int kDefaultWideMergeRows = 16;
 inline constexpr int kDefaultWarpStaged = 1;
 inline constexpr int kDefaultWarpStages = 2;
