@@ -76,6 +76,8 @@ TEST_F(Cli, CalibrationSearchRunsOnTheSuite) {
   EXPECT_EQ(slurp("flags.txt").rfind("--alpha 0.66 --beta 0.33 --gamma ", 0), 0u) << slurp("flags.txt");
   const std::string csv = slurp("cal.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
+  // The tile set holds commas: quoted, so every row has the header's 8 fields.
+  EXPECT_NE(csv.find("\n\"64,32,16\",0.66,0.33,"), std::string::npos) << csv;
   expect_error("calibrate --model-cost --alphas x", "--alphas");
 }
 

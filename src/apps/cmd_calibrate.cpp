@@ -147,7 +147,7 @@ void run_calibrate(const CalibrateCmd& c) {
             const double gm = std::exp(log_sum / cells.size());
             results.push_back({cfg, gm});
             if (csv)
-              std::fprintf(csv, "%s,%g,%g,%g,%lld,%g,%.4f,%zu\n", tile_rows_str(cfg).c_str(), a, b, g,
+              std::fprintf(csv, "\"%s\",%g,%g,%g,%lld,%g,%.4f,%zu\n", tile_rows_str(cfg).c_str(), a, b, g,
                            static_cast<long long>(cfg.min_chunk), w, gm, timed.size());
           }
   if (csv) std::fclose(csv);

@@ -11,6 +11,10 @@
 // just-consumed stage's K/V space) and writes coalesced float4 rows. Rows go to O[query] (+ LSE)
 // for direct queries, else to partial rows, which the fused merge (merge_tail: the CTA whose piece
 // completes a query merges it) or the separate merge kernel combines.
+// Full 64-row x 64-token tiles (R = 4, count = 64, d <= 128) run instead as one warpgroup on wgmma
+// (compute_wgmma: S and O += P V with K, Q and V read from the swizzled shared tiles), which reads
+// each K/V tile from shared memory once instead of once per warp; the same online softmax and
+// epilogue follow, since the wgmma accumulator layout per warp is the mma.sync one.
 #pragma once
 #include "cuda/merge_kernel.cuh"
 #include "cuda/tree_attention_common.cuh"

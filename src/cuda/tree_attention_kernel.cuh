@@ -5,8 +5,8 @@
 //   warp 4     producer (tree_attention_producer.cuh): claims units, gathers each 64-token K/V tile
 //              (and the unit's Q rows) into a kStages-deep shared-memory ring with cp.async,
 //              resolving KV slots from runs of consecutive slots (no per-token slot loads).
-//   warps 0-3  consumers (tree_attention_consumer.cuh): S = Q K^T and O += P V on mma.sync with an
-//              online softmax, then the unit's normalized rows (+ LSE) to O or to partial rows;
+//   warps 0-3  consumers (tree_attention_consumer.cuh): S = Q K^T and O += P V on tensor cores
+//              (full 64-row tiles on wgmma, the rest on mma.sync) with an online softmax, then the unit's normalized rows (+ LSE) to O or to partial rows;
 //              with the fused merge, the CTA that writes the last piece of a query merges it.
 // Stage s of the ring is handed over with mbarriers full[s] (producer -> consumers) and empty[s]
 // (consumers -> producer). The producer runs up to kStages tiles ahead, across unit boundaries.
