@@ -36,6 +36,18 @@ struct MergeShape {
   static_assert(2 * kLpj * 4 == D, "two float4 per lane");
 };
 
+// acc += w x for one partial row (this lane's two float4). w = 0: the row is empty or absent and
+// may hold anything (NaN poison included): skipped without multiplying.
+__device__ __forceinline__ void add_weighted(float4 (&acc)[2], float w, const float4 (&x)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    acc[e].x = w != 0.0f ? fmaf(w, x[e].x, acc[e].x) : acc[e].x;
+    acc[e].y = w != 0.0f ? fmaf(w, x[e].y, acc[e].y) : acc[e].y;
+    acc[e].z = w != 0.0f ? fmaf(w, x[e].z, acc[e].z) : acc[e].z;
+    acc[e].w = w != 0.0f ? fmaf(w, x[e].w, acc[e].w) : acc[e].w;
+  }
+}
+
 // Stores a merged job: out[q, h, :] = acc / sum from lane k's two float4 (columns k and k + kLpj),
 // lse[q, h] = mx + ln(sum) (lane k == 0); sum = 0 (no non-empty row): out = 0, lse = -inf.
 template <int D>
@@ -112,14 +124,7 @@ __device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_ro
 #pragma unroll
         for (int j = 0; j < kStep; ++j) {
           const float wt = wj[j];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            // w = 0: the row is empty or absent, and may hold anything: skip without multiplying.
-            acc[e].x = wt != 0.0f ? fmaf(wt, x[j][e].x, acc[e].x) : acc[e].x;
-            acc[e].y = wt != 0.0f ? fmaf(wt, x[j][e].y, acc[e].y) : acc[e].y;
-            acc[e].z = wt != 0.0f ? fmaf(wt, x[j][e].z, acc[e].z) : acc[e].z;
-            acc[e].w = wt != 0.0f ? fmaf(wt, x[j][e].w, acc[e].w) : acc[e].w;
-          }
+          add_weighted(acc, wt, x[j]);
         }
       }
     }
@@ -196,14 +201,7 @@ __device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restric
     for (int j = 0; j < kStep; ++j) {
       const float wt = exp2f((l[j] - m_new) * kLog2e);  // lse = -inf (or no row) -> 0
       sum += wt;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        // w = 0: the row is empty or absent, and may hold anything: skip without multiplying.
-        acc[e].x = wt != 0.0f ? fmaf(wt, x[j][e].x, acc[e].x) : acc[e].x;
-        acc[e].y = wt != 0.0f ? fmaf(wt, x[j][e].y, acc[e].y) : acc[e].y;
-        acc[e].z = wt != 0.0f ? fmaf(wt, x[j][e].z, acc[e].z) : acc[e].z;
-        acc[e].w = wt != 0.0f ? fmaf(wt, x[j][e].w, acc[e].w) : acc[e].w;
-      }
+      add_weighted(acc, wt, x[j]);
     }
   }
   return MergeState{{acc[0], acc[1]}, sum, mx};
