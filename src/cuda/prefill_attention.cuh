@@ -194,33 +194,9 @@ __global__ void __launch_bounds__(128) prefill_attention_kernel(PrefillParams p,
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
       }
-      float mu[2], alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r]);
-        mu[r] = m_new == neg_inf() ? 0.0f : m_new;  // nothing seen yet: exponents stay -inf -> 0
-        alpha[r] = fast_exp2(m[r] - mu[r]);         // m = -inf -> 0
-        m[r] = m_new;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int i = 0; i < kNT; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pe = fast_exp2(sc[i][e] - mu[e >> 1]);
-          sc[i][e] = pe;
-          l[e >> 1] += pe;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kDT; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-      }
+      float alpha[2];
+      softmax_step(sc, mx, m, l, alpha);
+      rescale_rows(o, alpha);
 
       // O += P V, 16 keys per k-step.
 #pragma unroll

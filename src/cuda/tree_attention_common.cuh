@@ -90,6 +90,49 @@ __device__ __forceinline__ int64_t shfl_i64(int64_t x, int src) {
   return (static_cast<int64_t>(hi) << 32) | static_cast<uint32_t>(lo);
 }
 
+// Online-softmax step of one mma.sync accumulator fragment (rows g and g + 8 of a 16-row group,
+// the quad layout), shared by the warp-per-unit kernels and prefill. sc: NT n-tiles of scores
+// already in the log2 domain and masked (-inf); mx: this thread's maxima of rows g and g + 8 of
+// them. The maxima are reduced over the quad, m (running max) and l (running sum, per thread) are
+// updated, sc becomes P = 2^(s - m), and alpha is the factor by which O must be rescaled (0 while
+// m was -inf: nothing seen yet, exponents stay -inf -> 0).
+template <int NT>
+__device__ __forceinline__ void softmax_step(float (&sc)[NT][4], float (&mx)[2], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
+  float mu[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
+    const float m_new = fmaxf(m[r], mx[r]);
+    mu[r] = m_new == neg_inf() ? 0.0f : m_new;
+    alpha[r] = fast_exp2(m[r] - mu[r]);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pe = fast_exp2(sc[i][e] - mu[e >> 1]);
+      sc[i][e] = pe;
+      l[e >> 1] += pe;
+    }
+  }
+}
+
+// O *= alpha per row of a fragment's N n-tiles (elements 0, 1: row g; 2, 3: row g + 8).
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&o)[N][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    o[i][0] *= alpha[0];
+    o[i][1] *= alpha[0];
+    o[i][2] *= alpha[1];
+    o[i][3] *= alpha[1];
+  }
+}
+
 struct SmemLayout {
   unsigned char* kv;  // [kStages][2][kN][D]
   unsigned char* q;   // [kStages][kM][D]

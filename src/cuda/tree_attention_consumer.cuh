@@ -112,15 +112,7 @@ struct Consumer {
         l[e >> 1] += pe;
       }
     }
-    if (!first && __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < kDT; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-      }
-    }
+    if (!first && __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
   }
 
   // One KV tile for the warp's 16 rows x NW columns starting at column cb.

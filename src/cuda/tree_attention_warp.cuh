@@ -150,33 +150,9 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
           mx[e >> 1] = fmaxf(mx[e >> 1], xv);
         }
       }
-      float mu[2], alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r]);
-        mu[r] = m_new == neg_inf() ? 0.0f : m_new;
-        alpha[r] = fast_exp2(m[r] - mu[r]);
-        m[r] = m_new;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pe = fast_exp2(sc[nt][e] - mu[e >> 1]);
-          sc[nt][e] = pe;
-          l[e >> 1] += pe;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kNT; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-      }
+      float alpha[2];
+      softmax_step(sc, mx, m, l, alpha);
+      rescale_rows(o, alpha);
       // O += P V.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {

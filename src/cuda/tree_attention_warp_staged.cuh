@@ -249,35 +249,9 @@ struct WarpStaged {
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
     }
-    float mu[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      mu[r] = m_new == neg_inf() ? 0.0f : m_new;
-      alpha[r] = fast_exp2(m[r] - mu[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = fast_exp2(sc[i][e] - mu[e >> 1]);
-        sc[i][e] = pe;
-        l[e >> 1] += pe;
-      }
-    }
-    if (!first) {
-#pragma unroll
-      for (int i = 0; i < kDT; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-      }
-    }
+    float alpha[2];
+    softmax_step(sc, mx, m, l, alpha);
+    if (!first) rescale_rows(o, alpha);
     // O += P V (one k-step of 16 tokens).
     {
       uint32_t a[4];
