@@ -90,6 +90,38 @@ __device__ __forceinline__ int64_t shfl_i64(int64_t x, int src) {
   return (static_cast<int64_t>(hi) << 32) | static_cast<uint32_t>(lo);
 }
 
+// Where a block row's result goes: dst >= 0 is a direct query (row of out, LSE in lse when given),
+// dst < 0 the partial row ~dst (partial, partial_lse); h is the row's query head.
+template <int D>
+__device__ __forceinline__ void row_pointers(const TreeAttnParams& p, int dst, int h, float*& orow, float*& lrow) {
+  if (dst >= 0) {
+    orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
+    lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
+  } else {
+    const int64_t pr = ~dst;
+    orow = p.partial + (pr * p.num_qo_heads + h) * D;
+    lrow = p.partial_lse + pr * p.num_qo_heads + h;
+  }
+}
+
+// Scores of NT n-tiles (columns i * 8 + 2 tq + {0, 1} of rows g, g + 8) to the log2 domain, columns
+// >= count masked to -inf; mx gets this thread's maxima of rows g and g + 8 (the warp-per-unit
+// kernels' softmax front end, before softmax_step).
+template <int NT>
+__device__ __forceinline__ void scale_mask_max(float (&sc)[NT][4], int count, int tq, float scale, float (&mx)[2]) {
+  mx[0] = mx[1] = neg_inf();
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int col = i * 8 + 2 * tq;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = col + (e & 1) < count ? sc[i][e] * scale : neg_inf();
+      sc[i][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  }
+}
+
 // Online-softmax step of one mma.sync accumulator fragment (rows g and g + 8 of a 16-row group,
 // the quad layout), shared by the warp-per-unit kernels and prefill. sc: NT n-tiles of scores
 // already in the log2 domain and masked (-inf); mx: this thread's maxima of rows g and g + 8 of

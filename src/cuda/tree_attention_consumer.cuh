@@ -222,15 +222,7 @@ struct Consumer {
 
   __device__ void row_dest(int qslot, int r, float*& orow, float*& lrow) const {
     const int dst = row_tab(kRowDst, qslot, r);
-    const int h = row_tab(kRowHead, qslot, r);
-    if (dst >= 0) {
-      orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
-      lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
-    } else {
-      const int64_t pr = ~dst;
-      orow = p.partial + (pr * p.num_qo_heads + h) * D;
-      lrow = p.partial_lse + pr * p.num_qo_heads + h;
-    }
+    row_pointers<D>(p, dst, row_tab(kRowHead, qslot, r), orow, lrow);
   }
 
   static __device__ float lse_of(float m2, float l2) {

@@ -138,18 +138,8 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
         }
       }
       // Online softmax (log2 domain).
-      const float scale = p.scale_log2;
-      float mx[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int col = nt * 8 + 2 * t;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float xv = col + (e & 1) < count ? sc[nt][e] * scale : neg_inf();
-          sc[nt][e] = xv;
-          mx[e >> 1] = fmaxf(mx[e >> 1], xv);
-        }
-      }
+      float mx[2];
+      scale_mask_max(sc, count, t, p.scale_log2, mx);
       float alpha[2];
       softmax_step(sc, mx, m, l, alpha);
       rescale_rows(o, alpha);
@@ -212,14 +202,7 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
       if (r < rows) {
         const int dst = dst_r[hr], h = head_r[hr];
         float *orow, *lrow;
-        if (dst >= 0) {
-          orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
-          lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
-        } else {
-          const int64_t pr = ~dst;
-          orow = p.partial + (pr * p.num_qo_heads + h) * D;
-          lrow = p.partial_lse + pr * p.num_qo_heads + h;
-        }
+        row_pointers<D>(p, dst, h, orow, lrow);
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
 #pragma unroll
         for (int hh = 0; hh < kVH; ++hh) {

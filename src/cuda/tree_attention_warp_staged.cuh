@@ -236,19 +236,8 @@ struct WarpStaged {
       }
     }
     // Online softmax (log2 domain); columns >= count are masked.
-    const int tq = lane & 3;
-    const float scale = p.scale_log2;
-    float mx[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int col = i * 8 + 2 * tq;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = col + (e & 1) < count ? sc[i][e] * scale : neg_inf();
-        sc[i][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    }
+    float mx[2];
+    scale_mask_max(sc, count, lane & 3, p.scale_log2, mx);
     float alpha[2];
     softmax_step(sc, mx, m, l, alpha);
     if (!first) rescale_rows(o, alpha);
@@ -285,14 +274,7 @@ struct WarpStaged {
       if (r < rws) {
         const int dst = hdr[4 + r], h = hdr[20 + r];
         float *orow, *lrow;
-        if (dst >= 0) {
-          orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
-          lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
-        } else {
-          const int64_t pr = ~dst;
-          orow = p.partial + (pr * p.num_qo_heads + h) * D;
-          lrow = p.partial_lse + pr * p.num_qo_heads + h;
-        }
+        row_pointers<D>(p, dst, h, orow, lrow);
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
 #pragma unroll
         for (int i = 0; i < kDT; ++i)
