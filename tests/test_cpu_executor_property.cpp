@@ -39,14 +39,17 @@ struct Ablation {
   const char* name;
   EdgePolicy edges;
   bool split;
+  int fold_max;  // leaf folding (PlannerConfig::fold_max)
 };
-constexpr std::array<Ablation, 6> kAblations{{
-    {"greedy+split", EdgePolicy::kGreedy, true},
-    {"greedy", EdgePolicy::kGreedy, false},
-    {"all0+split", EdgePolicy::kAllZero, true},
-    {"all0", EdgePolicy::kAllZero, false},
-    {"all1+split", EdgePolicy::kAllOne, true},
-    {"all1", EdgePolicy::kAllOne, false},
+constexpr std::array<Ablation, 8> kAblations{{
+    {"greedy+split", EdgePolicy::kGreedy, true, 0},
+    {"greedy", EdgePolicy::kGreedy, false, 0},
+    {"all0+split", EdgePolicy::kAllZero, true, 0},
+    {"all0", EdgePolicy::kAllZero, false, 0},
+    {"all1+split", EdgePolicy::kAllOne, true, 0},
+    {"all1", EdgePolicy::kAllOne, false, 0},
+    {"greedy+split+fold", EdgePolicy::kGreedy, true, 64},
+    {"all0+fold", EdgePolicy::kAllZero, false, kMaxFoldTokens},
 }};
 
 // Coverage counters, so the test proves it exercised what it claims to.
@@ -57,6 +60,7 @@ struct Coverage {
   int64_t empty_paths = 0;
   int64_t internal_queries = 0;  // queries at a node with children
   int64_t multi_tile_chunks = 0; // items longer than their kv_tile
+  int64_t folded_leaves = 0;     // private pieces
   std::array<int, 17> gqa_seen{};
   std::array<int, 3> dim_seen{};
 };
@@ -132,6 +136,7 @@ TEST(CpuExecutorProperty, MatchesReferenceOnRandomForests) {
       PlannerConfig cfg = base;
       cfg.edges = ab.edges;
       cfg.split = ab.split;
+      cfg.fold_max = ab.fold_max;
       Planner planner(cfg);
       Plan plan;
       planner.build(tree, shape, plan);
@@ -139,6 +144,7 @@ TEST(CpuExecutorProperty, MatchesReferenceOnRandomForests) {
       std::vector<float> out(rows * d, NAN), lse(rows, NAN);  // poisoned: unwritten rows fail
       execute_plan(plan, tree, shape, q, k, v, scale, out, lse, ws);
 
+      cov.folded_leaves += static_cast<int64_t>(plan.privates.size());
       for (const PlanItem& it : plan.items) {
         cov.split_items += it.kv_begin > 0;
         cov.multi_tile_chunks += it.kv_len > plan.tile_classes[it.tile_class].kv_tile;
@@ -176,15 +182,17 @@ TEST(CpuExecutorProperty, MatchesReferenceOnRandomForests) {
   }
   std::printf("worst row relative error %.3g, worst lse error %.3g\n", worst_rel, worst_lse);
   std::printf("coverage: split items %lld, multi-tile chunks %lld, direct %lld, merged %lld, empty paths %lld, "
-              "internal-node queries %lld\n",
+              "internal-node queries %lld, folded leaves %lld\n",
               (long long)cov.split_items, (long long)cov.multi_tile_chunks, (long long)cov.direct_queries,
-              (long long)cov.merged_queries, (long long)cov.empty_paths, (long long)cov.internal_queries);
+              (long long)cov.merged_queries, (long long)cov.empty_paths, (long long)cov.internal_queries,
+              (long long)cov.folded_leaves);
   EXPECT_GT(cov.split_items, 0);
   EXPECT_GT(cov.multi_tile_chunks, 0);
   EXPECT_GT(cov.direct_queries, 0);
   EXPECT_GT(cov.merged_queries, 0);
   EXPECT_GT(cov.empty_paths, 0);
   EXPECT_GT(cov.internal_queries, 0);
+  EXPECT_GT(cov.folded_leaves, 0);
   for (int g : kGqa) EXPECT_GT(cov.gqa_seen[g], 0) << "g=" << g;
   for (int i = 0; i < 3; ++i) EXPECT_GT(cov.dim_seen[i], 0);
 }

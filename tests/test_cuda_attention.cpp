@@ -148,6 +148,7 @@ struct PlanVariant {
   bool split;
   int num_sms;     // small values force context splitting on small trees
   int64_t min_chunk;
+  int fold_max = 0;  // leaf folding: private pieces, tiles with per-row column masks
 };
 constexpr PlanVariant kVariants[] = {
     {"greedy", EdgePolicy::kGreedy, true, 132, 256},
@@ -155,13 +156,17 @@ constexpr PlanVariant kVariants[] = {
     {"nosplit", EdgePolicy::kGreedy, false, 132, 256},
     {"greedy+chunks", EdgePolicy::kGreedy, true, 4, 64},
     {"all1+chunks", EdgePolicy::kAllOne, true, 4, 16},
+    {"greedy+fold", EdgePolicy::kGreedy, true, 132, 256, 64},
+    {"all0+chunks+fold", EdgePolicy::kAllZero, true, 4, 64, kMaxFoldTokens},
 };
+constexpr const PlanVariant& kFoldVariant = kVariants[6];
 
 Plan make_plan(const KvTree& tree, const AttnShape& s, const PlanVariant& v, PlannerConfig cfg = {}) {
   cfg.edges = v.edges;
   cfg.split = v.split;
   cfg.num_sms = v.num_sms;
   cfg.min_chunk = v.min_chunk;
+  cfg.fold_max = v.fold_max;
   Planner planner(cfg);
   Plan plan;
   planner.build(tree, s, plan);
@@ -234,8 +239,12 @@ TEST(CudaAttention, SanitizerSmall) {
       for (const AttnShape s : {AttnShape{2, 2, d}, AttnShape{16, 1, d}}) {
         const Tensors x(tree, s, t, 3);
         const Reference ref(tree, s, x, s.default_sm_scale());
-        run_and_check(make_plan(tree, s, kVariants[3]), tree, s, t, x, ref, s.default_sm_scale(),
-                      std::string("sanitizer ") + dtype_name(t) + " d=" + std::to_string(d));
+        for (const PlanVariant* v : {&kVariants[3], &kFoldVariant}) {
+          const Plan plan = make_plan(tree, s, *v);
+          if (v == &kFoldVariant) EXPECT_FALSE(plan.privates.empty());
+          run_and_check(plan, tree, s, t, x, ref, s.default_sm_scale(),
+                        std::string("sanitizer ") + dtype_name(t) + " d=" + std::to_string(d) + " " + v->name);
+        }
       }
     }
   }
@@ -257,7 +266,7 @@ TEST(CudaAttention, LevelTrees) {
         const Tensors x(tree, s, t, 100 + i++);
         const float scale = s.default_sm_scale();
         const Reference ref(tree, s, x, scale);
-        for (const PlanVariant& v : {kVariants[0], kVariants[1], kVariants[2]}) {
+        for (const PlanVariant& v : {kVariants[0], kVariants[1], kVariants[2], kVariants[5], kFoldVariant}) {
           run_and_check(make_plan(tree, s, v), tree, s, t, x, ref, scale,
                         std::string("levels tree ") + std::to_string(&lv - trees) + " g=" + std::to_string(s.gqa()) +
                             " " + dtype_name(t) + " " + v.name);

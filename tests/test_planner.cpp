@@ -200,6 +200,44 @@ TEST(Planner, EmptyPathsAndEmptyNodes) {
   }
 }
 
+// Leaf folding on the paper's deep GQA-16 shape: every 16-token leaf rides in the item of its
+// parent's vnode that holds its query, so the leaves get no items and, with no split above them,
+// every query is written directly by one item (no partial rows, no merge).
+TEST(Planner, FoldsShortLeavesIntoTheirHostItem) {
+  const KvTree t = tree_from_levels(std::vector<int64_t>{1, 4, 16}, std::vector<int64_t>{64, 32, 16});
+  PlannerConfig cfg;
+  cfg.split = false;
+  Plan unfolded, folded;
+  Planner(cfg).build(t, AttnShape{16, 1, 128}, unfolded);
+  cfg.fold_max = 16;
+  Planner(cfg).build(t, AttnShape{16, 1, 128}, folded);
+  validate_plan(unfolded, t);
+  validate_plan(folded, t);
+  EXPECT_TRUE(unfolded.privates.empty());
+  ASSERT_EQ(folded.privates.size(), 16u);
+  EXPECT_EQ(folded.num_partial_rows, 0);
+  for (int q = 0; q < t.num_queries(); ++q) EXPECT_TRUE(folded.query_direct[q]) << q;
+  int64_t priv = 0;
+  for (const PlanItem& it : folded.items) {
+    priv += it.priv_len;
+    for (int k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k) {
+      const PlanPrivate& piece = folded.privates[k];
+      EXPECT_EQ(piece.len, 16);
+      // The piece is its query's own leaf.
+      EXPECT_EQ(folded.vnode_node[piece.vnode], t.query_node[folded.vnode_queries[it.q_begin + piece.q_index]]);
+    }
+  }
+  EXPECT_EQ(priv, 16 * 16);
+  EXPECT_LT(folded.num_items(), unfolded.num_items());
+  // Leaves longer than fold_max stay items of their own.
+  cfg.fold_max = 15;
+  Plan none;
+  Planner(cfg).build(t, AttnShape{16, 1, 128}, none);
+  EXPECT_TRUE(none.privates.empty());
+  cfg.fold_max = kMaxFoldTokens + 1;
+  EXPECT_THROW(Planner{cfg}, Error);
+}
+
 PlannerConfig random_config(std::mt19937_64& rng) {
   PlannerConfig cfg;
   const int policy = static_cast<int>(rng() % 3);
@@ -210,6 +248,7 @@ PlannerConfig random_config(std::mt19937_64& rng) {
   cfg.max_chunk = rng() % 3 == 0 ? 8 + static_cast<int64_t>(rng() % 50) : 0;
   cfg.tile_classes[0] = {static_cast<int>(8 << (rng() % 4)), static_cast<int>(16 << (rng() % 3))};
   cfg.tile_classes[1] = {static_cast<int>(8 << (rng() % 2)), static_cast<int>(16 << (rng() % 3))};
+  cfg.fold_max = rng() % 2 == 0 ? static_cast<int32_t>(rng() % (kMaxFoldTokens + 1)) : 0;
   return cfg;
 }
 
@@ -260,6 +299,25 @@ TEST(PlanValidate, RejectsCorruptedPlans) {
   EXPECT_THROW(validate_plan(p, t), Error);
   p = good;
   p.items[0].vnode = p.num_vnodes();
+  EXPECT_THROW(validate_plan(p, t), Error);
+
+  // Folded leaves: a piece given to the wrong query of its tile, or one that goes missing.
+  cfg.fold_max = 10;
+  Plan folded;
+  Planner(cfg).build(t, AttnShape{8, 2, 64}, folded);
+  validate_plan(folded, t);
+  ASSERT_FALSE(folded.privates.empty());
+  size_t host = 0;
+  while (folded.items[host].priv_count == 0) ++host;
+  p = folded;
+  PlanPrivate& piece = p.privates[p.items[host].priv_begin];
+  piece.q_index = (piece.q_index + 1) % p.items[host].q_count;
+  if (p.items[host].q_count > 1) EXPECT_THROW(validate_plan(p, t), Error);
+  p = folded;
+  p.items[host].priv_count -= 1;
+  EXPECT_THROW(validate_plan(p, t), Error);
+  p = folded;
+  p.items[host].priv_len -= 1;
   EXPECT_THROW(validate_plan(p, t), Error);
 }
 

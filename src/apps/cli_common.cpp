@@ -57,6 +57,7 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--min-chunk", opt.min_chunk, "Shortest context chunk when splitting");
   cmd.add_option("--split-waves", opt.split_waves, "Split so the work fills this many waves of SMs");
   cmd.add_option("--tile-rows", opt.tile_rows, "Tile classes as query rows per tile, e.g. 64,32,16");
+  cmd.add_option("--fold-max", opt.fold_max, "Fold one-query leaves of at most this many tokens into an ancestor's item (0 = off)");
 }
 
 PlannerConfig make_planner_config(const PlannerOptions& opt) {
@@ -78,6 +79,11 @@ PlannerConfig make_planner_config(const PlannerOptions& opt) {
   if (opt.split_waves) {
     FT_CHECK(*opt.split_waves > 0 && *opt.split_waves <= 1000, "--split-waves must be in (0, 1000]");
     cfg.split_waves = *opt.split_waves;
+  }
+  if (opt.fold_max) {
+    FT_CHECK(*opt.fold_max >= 0 && *opt.fold_max <= kMaxFoldTokens,
+             "--fold-max must be in [0, " + std::to_string(kMaxFoldTokens) + "]");
+    cfg.fold_max = *opt.fold_max;
   }
   if (!opt.tile_rows.empty()) {
     const auto rows = parse_int_list(opt.tile_rows, "--tile-rows");

@@ -38,7 +38,7 @@ struct CalibrateCmd {
 // the SMs, plus a fixed cost per work item and per partial row. Only for exercising the search.
 double model_time_us(const Plan& plan, const AttnShape& shape) {
   double tokens = 0;
-  for (const PlanItem& it : plan.items) tokens += it.kv_len;
+  for (const PlanItem& it : plan.items) tokens += static_cast<double>(item_tokens(it));
   const double bytes = 2.0 * tokens * shape.num_kv_heads * shape.head_dim * 2;
   const double units = static_cast<double>(plan.num_items()) * shape.num_kv_heads;
   return bytes / kH200ReadBytesPerS * 1e6 + units * 0.02 + plan.num_partial_rows * shape.num_qo_heads * 0.0005 + 4.0;
@@ -48,7 +48,7 @@ uint64_t plan_hash(const Plan& p) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](int64_t x) { h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull; };
   for (const PlanItem& it : p.items) {
-    mix(it.vnode), mix(it.kv_begin), mix(it.kv_len), mix(it.q_begin), mix(it.q_count), mix(it.tile_class);
+    mix(it.vnode), mix(it.kv_begin), mix(it.kv_len), mix(it.q_begin), mix(it.q_count), mix(it.tile_class), mix(it.priv_len);
   }
   for (int32_t v : p.vnode_node) mix(v);
   for (int32_t q : p.vnode_queries) mix(q);

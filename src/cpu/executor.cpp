@@ -127,6 +127,20 @@ void validate(const Plan& plan, const KvTree& tree, const AttnShape& shape, std:
     FT_CHECK(plan.tile_classes[item.tile_class].kv_tile > 0,
              where + ": tile class " + str(item.tile_class) + " has kv_tile " +
                  str(plan.tile_classes[item.tile_class].kv_tile));
+    FT_CHECK(item.priv_count >= 0 && item.priv_begin >= 0 &&
+                 static_cast<size_t>(item.priv_begin) + item.priv_count <= plan.privates.size(),
+             where + ": private pieces [" + str(item.priv_begin) + ", +" + str(item.priv_count) + ") outside plan.privates (" +
+                 str(plan.privates.size()) + ")");
+    int64_t priv_tokens = 0;
+    for (int32_t pi = item.priv_begin; pi < item.priv_begin + item.priv_count; ++pi) {
+      const PlanPrivate& piece = plan.privates[pi];
+      FT_CHECK(piece.vnode >= 0 && static_cast<size_t>(piece.vnode) < nv && piece.len == plan.vnode_len[piece.vnode] &&
+                   piece.q_index >= 0 && piece.q_index < item.q_count && piece.token_begin == priv_tokens,
+               where + ": private piece " + str(pi) + " has a bad vnode, length, query index or offset");
+      priv_tokens += piece.len;
+    }
+    FT_CHECK(priv_tokens == item.priv_len, where + ": private pieces hold " + str(priv_tokens) + " tokens, priv_len is " +
+                                               str(item.priv_len));
     for (int32_t i = 0; i < item.q_count; ++i) {
       const int32_t qi = plan.vnode_queries[item.q_begin + i];
       if (plan.query_direct[qi]) {
@@ -217,6 +231,31 @@ void execute_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, 
               scores[j] = dot * sm_scale;
             }
             states[r].update(std::span<const float>(scores.data(), n), [&](size_t j) { return vrows[j]; });
+          }
+        }
+
+        // Private pieces: each piece's vnode context, for the g rows of its query only.
+        for (int32_t pi = item.priv_begin; pi < item.priv_begin + item.priv_count; ++pi) {
+          const PlanPrivate& piece = plan.privates[pi];
+          std::vector<int64_t> piece_slots;
+          piece_slots.reserve(static_cast<size_t>(piece.len));
+          for (int32_t s = plan.vnode_seg_begin[piece.vnode]; s < plan.vnode_seg_begin[piece.vnode + 1]; ++s)
+            for (int32_t j = 0; j < plan.segments[s].len; ++j) piece_slots.push_back(tree.slots[plan.segments[s].slot_offset + j]);
+          for (size_t t0 = 0; t0 < piece_slots.size(); t0 += static_cast<size_t>(kv_tile)) {
+            const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(kv_tile), piece_slots.size() - t0));
+            for (int j = 0; j < n; ++j) {
+              krows[j] = k.data() + (piece_slots[t0 + j] * hkv + kvh) * d;
+              vrows[j] = v.data() + (piece_slots[t0 + j] * hkv + kvh) * d;
+            }
+            for (int64_t r = int64_t{piece.q_index} * g; r < int64_t{piece.q_index + 1} * g; ++r) {
+              const float* qr = qrows[r];
+              for (int j = 0; j < n; ++j) {
+                float dot = 0.0f;
+                for (int64_t c = 0; c < d; ++c) dot += qr[c] * krows[j][c];
+                scores[j] = dot * sm_scale;
+              }
+              states[r].update(std::span<const float>(scores.data(), n), [&](size_t j) { return vrows[j]; });
+            }
           }
         }
 

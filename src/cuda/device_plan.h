@@ -24,8 +24,10 @@ struct BlockDesc {
   int32_t seg_first;    // run (index into the run array) holding context token kv_begin
   int32_t seg_end;      // one past the vnode's last run
   int32_t kv_begin;     // chunk [kv_begin, kv_begin + kv_len) in vnode context coordinates
-  int32_t kv_len;       // > 0
-  int32_t qinfo_begin;  // unused (0): the block's BlockRecord carries its rows' QueryInfo
+  int32_t kv_len;       // > 0: chunk tokens plus private tokens
+  int32_t shared_len;   // the first shared_len tokens are read by every row; tokens [shared_len,
+                        // kv_len) are private pieces (folded leaves): row r reads only
+                        // BlockRecord::priv[r]'s interval of them
   int32_t row0;         // first row of this block inside the item's tile
   int32_t rows;         // rows of this block, 1..64
   int32_t row_groups;   // 1, 2 or 4 groups of 16 rows (tile class of the kernel)
@@ -58,15 +60,22 @@ static_assert(sizeof(DeviceRun) == 16);
 // single gather (cp.async of kRecordBytes into a shared-memory ring, several units ahead) brings
 // it: the descriptor, the vnode's runs from desc.seg_first on (up to 32; the producer reloads
 // further windows from the run array), and the QueryInfo of each block row (row r of the block:
-// query (row0 + r) / g of the item's tile). Unused entries are zero.
+// query (row0 + r) / g of the item's tile), and the private-region ends of its queries. Unused
+// entries are zero. A block with private pieces has its own run list: the chunk's runs (context
+// tokens [kv_begin, kv_begin + shared_len)) followed by its pieces' runs at
+// [kv_begin + shared_len, kv_begin + kv_len), query by query.
 inline constexpr int kRecordRuns = 32;
+inline constexpr int kMaxPrivateTokens = 0x7fff;
 struct BlockRecord {
   BlockDesc desc;
   DeviceRun runs[kRecordRuns];
   QueryInfo rows[kMaxBlockRows];
+  // Query j of the block (j = (row0 + r) / g - row0 / g for row r) reads private tokens
+  // [j > 0 ? priv_end[j - 1] : 0, priv_end[j]) (counted from shared_len); all zero without pieces.
+  uint16_t priv_end[kMaxBlockRows];
 };
 inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
-static_assert(kRecordBytes == 1568 && kRecordBytes % 16 == 0);
+static_assert(kRecordBytes == 1696 && kRecordBytes % 16 == 0);
 
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
 // plan is uploaded into the same buffers.

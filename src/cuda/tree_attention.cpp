@@ -335,6 +335,22 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
                  static_cast<int64_t>(it.kv_begin) + it.kv_len <= plan.vnode_len[it.vnode] && it.q_count > 0 &&
                  it.q_begin >= plan.vnode_q_begin[it.vnode] && it.q_begin + it.q_count <= plan.vnode_q_begin[it.vnode + 1],
              "CUDA upload: item " + str(static_cast<int64_t>(i)) + " has an out-of-range chunk or query tile");
+    FT_CHECK(it.priv_count >= 0 && it.priv_begin >= 0 && static_cast<size_t>(it.priv_begin) + it.priv_count <= plan.privates.size() &&
+                 it.priv_len >= 0 && it.priv_len <= kMaxPrivateTokens,
+             "CUDA upload: item " + str(static_cast<int64_t>(i)) + " has out-of-range private pieces or more than " +
+                 str(kMaxPrivateTokens) + " private tokens");
+    int64_t priv_tok = 0;
+    for (int32_t k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k) {
+      const PlanPrivate& piece = plan.privates[k];
+      FT_CHECK(piece.vnode >= 0 && piece.vnode < nv && piece.len == plan.vnode_len[piece.vnode] && piece.q_index >= 0 &&
+                   piece.q_index < it.q_count && piece.token_begin == priv_tok &&
+                   (k == it.priv_begin || plan.privates[k - 1].q_index < piece.q_index),
+               "CUDA upload: item " + str(static_cast<int64_t>(i)) + " private piece " + str(k) +
+                   " has a bad vnode, length, offset or query index");
+      priv_tok += piece.len;
+    }
+    FT_CHECK(priv_tok == it.priv_len, "CUDA upload: item " + str(static_cast<int64_t>(i)) + " private pieces hold " +
+                                          str(priv_tok) + " tokens, priv_len " + str(it.priv_len));
     const int64_t rows = static_cast<int64_t>(it.q_count) * g;
     num_blocks += (rows + kMaxBlockRows - 1) / kMaxBlockRows;
     num_qinfo += it.q_count;
@@ -394,7 +410,39 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     FT_CHECK(m.vnode_run_begin[vn] + runs < (int64_t{1} << 31), "CUDA upload: more than 2^31 slot runs");
     m.vnode_run_begin[vn + 1] = static_cast<int32_t>(m.vnode_run_begin[vn] + runs);
   }
-  const int64_t num_runs = m.vnode_run_begin[nv];
+  // Blocks with private pieces get their own run list after the vnodes' runs (device_plan.h):
+  // block_runs(it, row0, nr, emit) emits it, merging runs that continue each other.
+  auto block_runs = [&](const PlanItem& it, int32_t row0, int32_t nr, auto&& emit) {
+    int64_t slot = 0, tb = 0, len = 0;
+    auto add = [&](int64_t s_, int64_t t_, int64_t n_) {
+      if (len > 0 && s_ == slot + len && t_ == tb + len && len + n_ < (int64_t{1} << 30)) {
+        len += n_;
+        return;
+      }
+      if (len > 0) emit(slot, tb, len);
+      slot = s_, tb = t_, len = n_;
+    };
+    const int64_t kv_end = int64_t{it.kv_begin} + it.kv_len;
+    vnode_runs(it.vnode, [&](int64_t s_, int64_t t_, int64_t n_) {
+      const int64_t a = std::max<int64_t>(t_, it.kv_begin), e = std::min<int64_t>(t_ + n_, kv_end);
+      if (a < e) add(s_ + (a - t_), a, e - a);
+    });
+    int64_t off = kv_end;
+    for (int32_t k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k) {
+      const PlanPrivate& piece = plan.privates[k];
+      if (piece.q_index < row0 / g || piece.q_index > (row0 + nr - 1) / g) continue;  // another block's query
+      vnode_runs(piece.vnode, [&](int64_t s_, int64_t t_, int64_t n_) { add(s_, off + t_, n_); });
+      off += piece.len;
+    }
+    if (len > 0) emit(slot, tb, len);
+  };
+  int64_t num_runs = m.vnode_run_begin[nv];
+  for (const PlanItem& it : plan.items) {
+    if (it.priv_count == 0) continue;
+    for (int32_t row0 = 0; row0 < it.q_count * g; row0 += kMaxBlockRows)
+      block_runs(it, row0, std::min(kMaxBlockRows, it.q_count * g - row0), [&](int64_t, int64_t, int64_t) { ++num_runs; });
+  }
+  FT_CHECK(num_runs < (int64_t{1} << 31), "CUDA upload: more than 2^31 slot runs");
 
   // Wait for the previous upload's copy before touching the pinned mirror.
   if (m.upload_pending) {
@@ -416,18 +464,18 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
 
   // Pack.
   DeviceRun* runs = m.host_section<DeviceRun>(kRuns);
-  for (int vn = 0, r = 0; vn < nv; ++vn) {
-    vnode_runs(vn, [&](int64_t slot, int64_t tb, int64_t len) {
-      runs[r++] = DeviceRun{slot, static_cast<int32_t>(tb), static_cast<int32_t>(len)};
-    });
-  }
+  int64_t run_fill = 0;
+  auto put_run = [&](int64_t slot, int64_t tb, int64_t len) {
+    runs[run_fill++] = DeviceRun{slot, static_cast<int32_t>(tb), static_cast<int32_t>(len)};
+  };
+  for (int vn = 0; vn < nv; ++vn) vnode_runs(vn, put_run);
   // Records: the kernel reads a record's runs below min(32, seg_end - seg_first) and rows below
   // desc.rows only; the padding records (first units of idle CTAs) are never read.
   // Items whose single block has <= 16 rows and whose chunk has <= warp_max_kv tokens go last (the
   // warp-per-unit kernel's units), the others keep the plan's order.
   BlockRecord* records = m.host_section<BlockRecord>(kRecords);
-  auto short_item = [&](const PlanItem& it) {
-    return m.warp_max_kv > 0 && static_cast<int64_t>(it.q_count) * g <= 16 && it.kv_len <= m.warp_max_kv;
+  auto short_item = [&](const PlanItem& it) {  // items with private pieces run on the main kernel only
+    return m.warp_max_kv > 0 && static_cast<int64_t>(it.q_count) * g <= 16 && it.kv_len <= m.warp_max_kv && it.priv_count == 0;
   };
   int64_t num_short_units = 0;
   for (const PlanItem& it : plan.items) num_short_units += short_item(it) ? sh.num_kv_heads : 0;
@@ -447,9 +495,26 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       const int32_t nr = std::min(kMaxBlockRows, rows - row0);
       BlockRecord& rec = records[b++];
       rec.desc = BlockDesc{static_cast<int32_t>(run - runs), m.vnode_run_begin[it.vnode + 1], it.kv_begin, it.kv_len,
-                           0, row0, nr, nr <= 16 ? 1 : (nr <= 32 ? 2 : 4)};
-      const int64_t nruns = std::min<int64_t>(kRecordRuns, r_last - run);
-      std::copy(run, run + nruns, rec.runs);
+                           it.kv_len, row0, nr, nr <= 16 ? 1 : (nr <= 32 ? 2 : 4)};
+      std::fill(rec.priv_end, rec.priv_end + kMaxBlockRows, uint16_t{0});
+      const DeviceRun* rb = run;
+      if (it.priv_count > 0) {  // own run list; the private region holds this block's queries' pieces
+        rec.desc.seg_first = static_cast<int32_t>(run_fill);
+        block_runs(it, row0, nr, put_run);
+        rec.desc.seg_end = static_cast<int32_t>(run_fill);
+        rb = runs + rec.desc.seg_first;
+        const int32_t j0 = row0 / g, j1 = (row0 + nr - 1) / g;  // the block's queries of the tile
+        int32_t off = 0;
+        int32_t k = it.priv_begin;
+        for (int32_t j = j0; j <= j1; ++j) {
+          for (; k < it.priv_begin + it.priv_count && plan.privates[k].q_index <= j; ++k)
+            if (plan.privates[k].q_index == j) off += plan.privates[k].len;
+          rec.priv_end[j - j0] = static_cast<uint16_t>(off);
+        }
+        rec.desc.kv_len = it.kv_len + off;
+      }
+      const int64_t nruns = std::min<int64_t>(kRecordRuns, runs + rec.desc.seg_end - rb);
+      std::copy(rb, rb + nruns, rec.runs);
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile
         const int32_t q = plan.vnode_queries[it.q_begin + j];

@@ -54,7 +54,8 @@ struct TreeKernelConfig {
 
 // Row tables of a Q slot, written by the producer from QueryInfo, read by the consumers' epilogue
 // and fused merge: table t of Q slot qs is row_tab + (t * kStages + qs) * kM.
-enum RowTable { kRowDst = 0, kRowHead = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4 };
+// kRowPriv: the row's private interval [lo, hi) packed lo | hi << 16 (tree_attention_consumer.cuh).
+enum RowTable { kRowDst = 0, kRowPriv = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4 };
 
 // Element offset of (row, col) in a shared [rows][D] tile of 16-bit elements whose 16-byte chunks
 // are XOR-swizzled by row % 8, so every ldmatrix phase reads 8 distinct bank groups (row pitch D;
@@ -74,10 +75,12 @@ __device__ __forceinline__ int swz64(int row, int col) {
 }
 
 // TileMeta as stored in shared memory (one int4): unit (-1 = no more work), valid tokens, block
-// rows, flags = first | last << 1 | partial << 2 | row_groups << 4 | q_slot << 8 (partial: some row
-// of the block writes a partial row).
+// rows | (row0 % g) << 8 (row r's query head is kvh * g + (row0 % g + r) % g), flags = first | last << 1 | partial << 2 | priv << 3 | row_groups << 4 | q_slot << 8 |
+// (pt + 64) << 16 (partial: some row of the block writes a partial row; priv: the tile holds
+// private tokens, and pt = the tile's first token minus the block's shared_len, >= -63, so that
+// tile column c is private token c + pt and the first max(0, -pt) columns are shared).
 struct TileMetaBits {
-  static constexpr int kFirst = 1, kLast = 2, kPartial = 4;
+  static constexpr int kFirst = 1, kLast = 2, kPartial = 4, kPriv = 8;
 };
 
 constexpr unsigned kFullMask = 0xffffffffu;

@@ -22,6 +22,14 @@
 
 namespace fasttree::cuda_detail {
 
+// Column mask of a tile holding private tokens (folded leaves), for this thread's rows g, g + 8:
+// tile column c is visible iff c < shared (a column every row reads) or lo[hr] <= c < hi[hr] (the
+// row's own private tokens); shared and hi are clamped to the tile's token count.
+struct TreeMask {
+  int shared;
+  int lo[2], hi[2];
+};
+
 template <class T, int D>
 struct Consumer {
   using Cfg = TreeKernelConfig<D>;
@@ -41,6 +49,7 @@ struct Consumer {
   // group (V) modulo 4: the swizzle term depends only on that and on lane % 8, so every K / V
   // fragment address is a stage base plus one of these plus a compile-time offset.
   uint32_t ko[4], vo[4];
+  int head0 = 0, r0g = 0;  // current unit: first query head of its kv head, block row0 % g
 
   __device__ Consumer(const TreeAttnParams& params, const SmemLayout& smem, int w, int ln)
       : p(params), s(smem), warp(w), lane(ln) {
@@ -74,8 +83,9 @@ struct Consumer {
   // (m in scaled units), sc becomes P = 2^(s * scale - m) (one FFMA per element), and O is
   // rescaled unless this is the unit's first tile (O still zero) or no row max of the warp moved.
   // The scale (sm_scale * log2 e) is positive, so the max of the raw scores scales to the max.
-  template <int NT, bool kMask = true>
-  __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], int cb, int count, bool first) {
+  // kTree: the tile holds private tokens; columns outside tm's visible set are masked as well.
+  template <int NT, bool kMask = true, bool kTree = false>
+  __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], int cb, int count, bool first, const TreeMask& tm) {
     const int tq = lane & 3;
     const float scale = p.scale_log2;
     float mx[2] = {neg_inf(), neg_inf()};
@@ -85,7 +95,11 @@ struct Consumer {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = sc[i][e];
-        if constexpr (kMask) {
+        if constexpr (kTree) {
+          const int c = col + (e & 1);
+          x = c < tm.shared || (c >= tm.lo[e >> 1] && c < tm.hi[e >> 1]) ? x : neg_inf();
+          sc[i][e] = x;
+        } else if constexpr (kMask) {
           x = col + (e & 1) < count ? x : neg_inf();
           sc[i][e] = x;
         }
@@ -120,8 +134,11 @@ struct Consumer {
   // kFull: all NW columns hold tokens (cb + NW <= count): no column checks, no masking.
   // kQSmem: Q fragments from the Q slot (ldmatrix) instead of registers (d = 256, and the partial
   // tiles of wgmma units, whose Q is never loaded into registers).
-  template <int NW, bool kFull, bool kQSmem = !Cfg::kQInRegs>
-  __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first) {
+  // kTree: the tile holds private tokens (tm masks them per row; implies !kFull).
+  template <int NW, bool kFull, bool kQSmem = !Cfg::kQInRegs, bool kTree = false>
+  __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first,
+                          const TreeMask& tm = TreeMask{}) {
+    static_assert(!(kTree && kFull));
     constexpr int NT = NW / 8;
     const uint32_t kc = k_base + cb * 128;  // column group's first K / V row (128 bytes per swz64 row)
     const uint32_t vc = v_base + cb * 128;
@@ -152,7 +169,7 @@ struct Consumer {
       }
     }
 
-    online_softmax<NT, !kFull>(sc, cb, count, first);
+    online_softmax<NT, !kFull, kTree>(sc, cb, count, first, tm);
 
     // O += P V, 16 tokens per k-step.
 #pragma unroll
@@ -195,7 +212,7 @@ struct Consumer {
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sc);
-    online_softmax<8, false>(sc, 0, count, first);  // full tiles only
+    online_softmax<8, false>(sc, 0, count, first, TreeMask{});  // full tiles without private tokens only
     uint32_t pa[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -222,7 +239,7 @@ struct Consumer {
 
   __device__ void row_dest(int qslot, int r, float*& orow, float*& lrow) const {
     const int dst = row_tab(kRowDst, qslot, r);
-    row_pointers<D>(p, dst, row_tab(kRowHead, qslot, r), orow, lrow);
+    row_pointers<D>(p, dst, head0 + (r0g + r) % p.gqa, orow, lrow);
   }
 
   static __device__ float lse_of(float m2, float l2) {
@@ -398,8 +415,21 @@ struct Consumer {
     }
   }
 
+  // The mask of a tile with private tokens whose column c is private token c + pt.
+  __device__ TreeMask tree_mask(int qslot, int row_base, int count, int pt) const {
+    TreeMask tm;
+    tm.shared = min(max(-pt, 0), count);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int pv = row_tab(kRowPriv, qslot, row_base + (lane >> 2) + 8 * hr);
+      tm.lo[hr] = (pv & 0xffff) - pt;
+      tm.hi[hr] = min((pv >> 16) - pt, count);
+    }
+    return tm;
+  }
+
   template <int R>
-  __device__ void tile(int stage, int qslot, int count, int rows, bool first, bool last, bool partial) {
+  __device__ void tile(int stage, int qslot, int count, int rows, bool first, bool last, bool partial, bool priv, int pt) {
     constexpr int C = 4 / R;
     constexpr int NW = kN / C;
     const int row_base = (warp / C) * 16;
@@ -418,14 +448,21 @@ struct Consumer {
     if constexpr (kWg) {
       // Full tiles on wgmma (every warp of the group, active or not); a unit's partial last tile
       // (fewer than 64 tokens) on mma.sync, whose k-steps stop at the last token.
-      if (count == kN) {
+      if (count == kN && !priv) {
         compute_wgmma(q_base, k_base, v_base, count, first);
       } else if (active) {
-        compute<kN, false, true>(q_base, k_base, v_base, row_base, 0, count, first);
+        if (priv) {
+          compute<kN, false, true, true>(q_base, k_base, v_base, row_base, 0, count, first, tree_mask(qslot, row_base, count, pt));
+        } else {
+          compute<kN, false, true>(q_base, k_base, v_base, row_base, 0, count, first);
+        }
       }
     } else {
       if (active && cb < count) {
-        if (cb + NW <= count) {
+        if (priv) {
+          compute<NW, false, !Cfg::kQInRegs, true>(q_base, k_base, v_base, row_base, cb, count, first,
+                                                    tree_mask(qslot, row_base, count, pt));
+        } else if (cb + NW <= count) {
           compute<NW, true>(q_base, k_base, v_base, row_base, cb, count, first);
         } else {
           compute<NW, false>(q_base, k_base, v_base, row_base, cb, count, first);
@@ -459,19 +496,23 @@ struct Consumer {
       const int4 meta = make_int4(__shfl_sync(kFullMask, sm.x, 0), __shfl_sync(kFullMask, sm.y, 0),
                                   __shfl_sync(kFullMask, sm.z, 0), __shfl_sync(kFullMask, sm.w, 0));
       if (meta.x < 0) break;
-      const int count = meta.y, rows = meta.z, flags = meta.w;
+      const int count = meta.y, rows = meta.z & 0xff, flags = meta.w;
       const bool first = (flags & TileMetaBits::kFirst) != 0;
       const bool last = (flags & TileMetaBits::kLast) != 0;
       const bool partial = (flags & TileMetaBits::kPartial) != 0;
+      const bool priv = (flags & TileMetaBits::kPriv) != 0;
+      const int pt = static_cast<int>(static_cast<unsigned>(flags) >> 16) - 64;
       const int groups = (flags >> 4) & 7;
-      const int qslot = flags >> 8;
+      const int qslot = (flags >> 8) & 0xff;
       const int kvh = meta.x % p.num_kv_heads;
+      head0 = kvh * p.gqa;
+      r0g = meta.z >> 8;
       if (groups == 4) {
-        tile<4>(stage, qslot, count, rows, first, last, partial);
+        tile<4>(stage, qslot, count, rows, first, last, partial, priv, pt);
       } else if (groups == 2) {
-        tile<2>(stage, qslot, count, rows, first, last, partial);
+        tile<2>(stage, qslot, count, rows, first, last, partial, priv, pt);
       } else {
-        tile<1>(stage, qslot, count, rows, first, last, partial);
+        tile<1>(stage, qslot, count, rows, first, last, partial, priv, pt);
       }
       if (last && partial && p.merge_count != nullptr) {
         // The accumulators and Q fragments are dead until the next unit's first tile: clearing

@@ -38,7 +38,8 @@ struct UnitCtx {
   int s0, nwin;  // window = runs [s0, s0 + nwin), nwin <= 32
   int64_t win_slot;
   int win_tb, win_end;
-  int q[2], dst[2], mb[2], ne[2];
+  int q[2], dst[2], mb[2], ne[2], pv[2];
+  int rows_meta;  // TileMeta's rows field: rows | (row0 % g) << 8
 };
 
 template <class T, int D>
@@ -110,6 +111,7 @@ struct Producer {
     c.kvh = unit % p.num_kv_heads;
     const int4 a = *reinterpret_cast<const int4*>(rec), b = *reinterpret_cast<const int4*>(rec + 16);
     c.d = BlockDesc{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    c.rows_meta = c.d.rows | (c.d.row0 % p.gqa) << 8;
     const BlockRecord* r = reinterpret_cast<const BlockRecord*>(rec);
     c.s0 = c.d.seg_first;
     c.nwin = min(kRecordRuns, c.d.seg_end - c.s0);
@@ -130,6 +132,12 @@ struct Producer {
       c.dst[j] = qi.y;
       c.mb[j] = qi.z;
       c.ne[j] = qi.w;
+      c.pv[j] = 0;
+      if (row < c.d.rows) {  // the row's query qj of the block: [priv_end[qj - 1], priv_end[qj])
+        const int qj = (c.d.row0 + row) / p.gqa - c.d.row0 / p.gqa;
+        const int lo = qj > 0 ? r->priv_end[qj - 1] : 0;
+        c.pv[j] = lo | static_cast<int>(r->priv_end[qj]) << 16;
+      }
     }
   }
 
@@ -188,10 +196,11 @@ struct Producer {
         const int h = c.kvh * p.gqa + (c.d.row0 + r) % p.gqa;
         qoff[j] = (static_cast<int64_t>(c.q[j]) * p.num_qo_heads + h) * D;
         tab[kRowDst * kTab + r] = c.dst[j];
-        tab[kRowHead * kTab + r] = h;
+
         tab[kRowQuery * kTab + r] = c.q[j];
         tab[kRowMergeBegin * kTab + r] = c.mb[j];
         tab[kRowNExpect * kTab + r] = c.ne[j];
+        tab[kRowPriv * kTab + r] = c.pv[j];
         partial |= c.dst[j] < 0;
       }
     }
@@ -313,9 +322,11 @@ struct Producer {
       const int qslot = seq % Cfg::kStages;
       if (t == 0) partial = issue_q(a, qslot);
       issue_kv(a, t, count, stage);
+      const int pt = t * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
       const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
-                        (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8);
-      publish(stage, make_int4(a.unit, count, a.d.rows, flags));
+                        (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8) |
+                        (pt + count > 0 ? TileMetaBits::kPriv | ((pt + 64) << 16) : 0);
+      publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
       if (t == 0) issue_record(seq + Cfg::kLook, take(seq + Cfg::kLook));  // into unit seq - 1's slot
       if (++stage == Cfg::kStages) {
         stage = 0;

@@ -57,6 +57,7 @@ bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config, P
   if (plan.num_queries != nq || static_cast<int>(plan.node_vnode.size()) != n ||
       static_cast<int>(plan.vnode_len.size()) != nv || static_cast<int>(plan.vnode_seg_begin.size()) != nv + 1)
     return false;
+  if (!plan.privates.empty()) return false;  // folded leaves (PlannerConfig::fold_max): re-plan
   std::vector<uint8_t>& is_leaf = w.is_leaf;
   is_leaf.assign(static_cast<size_t>(n), 0);
   std::vector<int32_t>& grown_vnode = w.grown_vnode;  // 1: the vnode ends at a grown leaf

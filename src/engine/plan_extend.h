@@ -13,7 +13,8 @@
 //                                        segment's slot offset follows its node in the grown tree, items
 //                                        are re-sorted longest first. Queries, partial rows and the merge
 //                                        map are unchanged. Returns false, leaving the plan unusable
-//                                        (re-plan), when it cannot be patched: a grown leaf was empty
+//                                        (re-plan), when it cannot be patched: the plan has folded
+//                                        leaves (private pieces), a grown leaf was empty
 //                                        before (no segment), its query has no vnode ending at it, the
 //                                        plan does not match the tree's shape, or the planner would now
 //                                        chunk a grown vnode differently: with config.split, its single

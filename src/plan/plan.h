@@ -13,6 +13,10 @@
 //                         query is direct (its whole path is covered by this one item), in which
 //                         case the item writes the final output O[query] itself.
 //   merge map             for each non-direct query, the partial rows to combine (LSE-weighted).
+//   private piece         a folded leaf: the whole context of a one-query vnode (the query's own
+//                         short leaf) carried by an item of another vnode whose tile holds that
+//                         query, read after the item's chunk by that query's rows only. The leaf
+//                         then needs no item and no partial row of its own (PlannerConfig::fold_max).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -59,7 +63,13 @@ struct PlannerConfig {
   double split_waves = 2.0;
   int64_t min_chunk = 128;
   int64_t max_chunk = 0;
+  // Leaf folding: a vnode whose group is one query at its own node, with at most fold_max context
+  // tokens (one chunk), becomes a private piece of the last chunk's item, in the query's nearest
+  // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens).
+  int32_t fold_max = 0;
 };
+
+inline constexpr int32_t kMaxFoldTokens = 256;
 
 struct PlanSegment {
   int64_t slot_offset;  // index into KvTree::slots of the segment's first token
@@ -75,8 +85,24 @@ struct PlanItem {
   int32_t q_count;     // queries in this tile (rows = q_count * g)
   int32_t tile_class;  // index into PlannerConfig::tile_classes
   int32_t out_row;     // partial row of the tile's first query
-  int32_t pad_ = 0;
+  int32_t priv_begin = 0;  // private pieces [priv_begin, priv_begin + priv_count) of Plan::privates
+  int32_t priv_count = 0;
+  int32_t priv_len = 0;    // their tokens in all (the item reads kv_len + priv_len tokens)
 };
+
+// A folded leaf inside an item (see "private piece" above): the whole context of vnode `vnode`,
+// read by query q_index of the item's tile only, at offsets [token_begin, token_begin + len) of the
+// item's private region (which follows the chunk). An item's pieces are ordered by q_index and
+// tile the region.
+struct PlanPrivate {
+  int32_t vnode;
+  int32_t q_index;
+  int32_t token_begin;
+  int32_t len;  // == vnode_len[vnode]
+};
+
+// Tokens an item reads: its chunk plus its private pieces (the planner's longest-first order).
+inline int64_t item_tokens(const PlanItem& it) { return int64_t{it.kv_len} + it.priv_len; }
 
 struct Plan {
   int num_queries = 0;
@@ -93,8 +119,9 @@ struct Plan {
   std::vector<int32_t> vnode_q_begin;    // [V+1] CSR into vnode_queries
   std::vector<int32_t> vnode_queries;    // query ids of each vnode's group
 
-  // Work items, longest (kv_len) first.
+  // Work items, longest (item_tokens) first, and their private pieces.
   std::vector<PlanItem> items;
+  std::vector<PlanPrivate> privates;
   std::array<int32_t, kMaxTileClasses> items_per_class{};
 
   // Merge map.

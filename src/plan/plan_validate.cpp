@@ -56,9 +56,20 @@ void check_structure(const Plan& p, const KvTree& tree) {
     FT_CHECK(it.tile_class >= 0 && it.tile_class < p.num_tile_classes, name + ": bad tile class");
     FT_CHECK(it.q_count <= std::max(1, p.tile_classes[it.tile_class].q_rows / g), name + ": tile holds more queries than its class allows");
     FT_CHECK(it.out_row == -1 || (it.out_row >= 0 && it.out_row + it.q_count <= p.num_partial_rows), name + ": partial rows out of range");
+    FT_CHECK(it.priv_count >= 0 && it.priv_begin >= 0 && static_cast<size_t>(it.priv_begin) + it.priv_count <= p.privates.size(),
+             name + ": private pieces outside the plan's list");
+    int64_t tok = 0;
+    for (int k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k) {
+      const PlanPrivate& piece = p.privates[k];
+      FT_CHECK(piece.vnode >= 0 && piece.vnode < nv && piece.len == p.vnode_len[piece.vnode] && piece.token_begin == tok &&
+                   piece.q_index >= 0 && piece.q_index < it.q_count && (k == it.priv_begin || p.privates[k - 1].q_index < piece.q_index),
+               name + ": private piece " + str(k) + " has a bad vnode, length, offset or query index");
+      tok += piece.len;
+    }
+    FT_CHECK(tok == it.priv_len, name + ": private pieces hold " + str(tok) + " tokens, priv_len says " + str(it.priv_len));
   }
   for (int i = 1; i < p.num_items(); ++i)
-    FT_CHECK(p.items[i - 1].kv_len >= p.items[i].kv_len, "plan: items are not ordered longest first");
+    FT_CHECK(item_tokens(p.items[i - 1]) >= item_tokens(p.items[i]), "plan: items are not ordered longest first");
 }
 
 }  // namespace
@@ -88,6 +99,12 @@ void validate_plan(const Plan& p, const KvTree& tree) {
         const int64_t a = std::max<int64_t>(lo, seg.token_begin), b = std::min<int64_t>(hi, seg.token_begin + seg.len);
         if (a < b) cover.push_back({q, seg.slot_offset + (a - seg.token_begin), seg.slot_offset + (b - seg.token_begin)});
       }
+    }
+    for (int k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k) {  // folded leaves: their query only
+      const PlanPrivate& piece = p.privates[k];
+      const int32_t q = p.vnode_queries[it.q_begin + piece.q_index];
+      for (int s = p.vnode_seg_begin[piece.vnode]; s < p.vnode_seg_begin[piece.vnode + 1]; ++s)
+        cover.push_back({q, p.segments[s].slot_offset, p.segments[s].slot_offset + p.segments[s].len});
     }
   }
   // Merge map: direct queries are written once and merge nothing; the others merge exactly the

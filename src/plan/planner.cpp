@@ -105,6 +105,8 @@ void check_config(const PlannerConfig& c) {
   FT_CHECK(c.num_sms > 0 && c.split_waves > 0 && c.min_chunk > 0 && c.max_chunk >= 0,
            "planner: num_sms, split_waves and min_chunk must be positive, max_chunk >= 0");
   FT_CHECK(c.alpha >= 0 && c.beta >= 0 && c.gamma >= 0 && c.delta >= 0, "planner: alpha, beta, gamma, delta must be >= 0");
+  FT_CHECK(c.fold_max >= 0 && c.fold_max <= kMaxFoldTokens,
+           "planner: fold_max must be in [0, " + std::to_string(kMaxFoldTokens) + "], got " + std::to_string(c.fold_max));
 }
 
 
@@ -224,15 +226,22 @@ void Planner::build_vnodes(const KvTree& tree, Plan& plan) {
   }
   // Query q is in the group of its own node and of every ancestor a whose edge towards q is 0.
   plan.vnode_queries.resize(plan.vnode_q_begin.back());
+  // Also each query's own vnode (the one at its node) and its nearest ancestor vnode (leaf folding).
   cursor_.assign(plan.vnode_q_begin.begin(), plan.vnode_q_begin.end() - 1);
+  own_vnode_.assign(nq, -1);
+  host_vnode_.assign(nq, -1);
   for (int q = 0; q < nq; ++q) {
     int u = tree.query_node[q];
     int vn = plan.node_vnode[u];
+    own_vnode_[q] = vn;
     if (vn >= 0) plan.vnode_queries[cursor_[vn]++] = q;
     for (int p = tree.parent[u]; p >= 0; u = p, p = tree.parent[p]) {
       if (plan.node_edge[u]) continue;
       vn = plan.node_vnode[p];
-      if (vn >= 0) plan.vnode_queries[cursor_[vn]++] = q;
+      if (vn >= 0) {
+        plan.vnode_queries[cursor_[vn]++] = q;
+        if (host_vnode_[q] < 0) host_vnode_[q] = vn;
+      }
     }
   }
 }
@@ -275,20 +284,37 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     vnode_chunk_len_[v] = chunk_len;
     for (int i = plan.vnode_q_begin[v]; i < plan.vnode_q_begin[v + 1]; ++i) partials_[plan.vnode_queries[i]] += chunks;
   }
+  // Leaf folding: fold_[q] = the vnode folded into query q's host item (-1: none). A folded vnode
+  // gets no items; its query has one partial result fewer.
+  fold_.assign(plan.num_queries, -1);
+  if (config_.fold_max > 0) {
+    for (int v = 0; v < nv; ++v) {
+      if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > config_.fold_max ||
+          vnode_chunk_len_[v] < plan.vnode_len[v])
+        continue;
+      const int32_t q = plan.vnode_queries[plan.vnode_q_begin[v]];
+      if (own_vnode_[q] != v || host_vnode_[q] < 0) continue;
+      fold_[q] = v;
+      --partials_[q];
+    }
+  }
   plan.query_direct.resize(plan.num_queries);
   for (int q = 0; q < plan.num_queries; ++q) plan.query_direct[q] = partials_[q] == 1;
 
   plan.items.clear();
+  plan.privates.clear();
   plan.items_per_class.fill(0);
   int32_t rows = 0;
   for (int v = 0; v < nv; ++v) {
     const int32_t len = plan.vnode_len[v];
     const int32_t qb = plan.vnode_q_begin[v];
     const int32_t nq = plan.vnode_q_begin[v + 1] - qb;
+    if (nq == 1 && fold_[plan.vnode_queries[qb]] == v) continue;  // folded into its query's host item
     const int32_t tiles = vnode_tiles_[v];
     const int32_t base = tiles == 1 ? nq : nq / tiles, extra = tiles == 1 ? 0 : nq - base * tiles;
     const int32_t chunk_len = vnode_chunk_len_[v];
     for (int32_t kv_begin = 0; kv_begin < len; kv_begin += chunk_len) {
+      const bool last_chunk = kv_begin + chunk_len >= len;
       int32_t q = qb;
       for (int32_t t = 0; t < tiles; ++t) {  // tiles of near-equal size
         const int32_t count = base + (t < extra ? 1 : 0);
@@ -302,6 +328,17 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
         item.q_count = count;
         item.tile_class = vnode_cls_[v];
         item.out_row = all_direct ? -1 : rows;
+        item.priv_begin = static_cast<int32_t>(plan.privates.size());
+        if (last_chunk && config_.fold_max > 0) {
+          for (int32_t i = 0; i < count; ++i) {
+            const int32_t qi = plan.vnode_queries[q + i];
+            const int32_t f = fold_[qi];
+            if (f < 0 || host_vnode_[qi] != v) continue;
+            plan.privates.push_back(PlanPrivate{f, i, item.priv_len, plan.vnode_len[f]});
+            item.priv_len += plan.vnode_len[f];
+            ++item.priv_count;
+          }
+        }
         if (!all_direct) rows += count;
         plan.items.push_back(item);
         q += count;
@@ -328,20 +365,20 @@ void Planner::build_merge_map(Plan& plan) {
   sort_items_longest_first(plan.items);
 }
 
-// Stable LSD radix sort on kv_len, descending: ties keep creation order (vnode, chunk, tile).
+// Stable LSD radix sort on kv_len + priv_len (item_tokens), descending: ties keep creation order (vnode, chunk, tile).
 // Only the bytes that occur in the largest kv_len are sorted on.
 void Planner::sort_items_longest_first(std::vector<PlanItem>& items) {
   int32_t max_len = 0;
-  for (const PlanItem& it : items) max_len = std::max(max_len, it.kv_len);
+  for (const PlanItem& it : items) max_len = std::max(max_len, it.kv_len + it.priv_len);
   items_scratch_.resize(items.size());
   PlanItem* src = items.data();
   PlanItem* dst = items_scratch_.data();
   const size_t n = items.size();
   for (int shift = 0; shift < 32 && (max_len >> shift) > 0; shift += 8) {
     uint32_t count[257] = {};
-    for (size_t i = 0; i < n; ++i) ++count[255 - ((src[i].kv_len >> shift) & 0xff) + 1];
+    for (size_t i = 0; i < n; ++i) ++count[255 - (((src[i].kv_len + src[i].priv_len) >> shift) & 0xff) + 1];
     for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
-    for (size_t i = 0; i < n; ++i) dst[count[255 - ((src[i].kv_len >> shift) & 0xff)]++] = src[i];
+    for (size_t i = 0; i < n; ++i) dst[count[255 - (((src[i].kv_len + src[i].priv_len) >> shift) & 0xff)]++] = src[i];
     std::swap(src, dst);
   }
   if (src != items.data()) std::copy(src, src + n, items.data());

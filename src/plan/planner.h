@@ -53,6 +53,9 @@ class Planner {
   std::vector<int32_t> vnode_tiles_;     // [V] query tiles
   std::vector<int32_t> vnode_chunk_len_; // [V] context tokens per chunk
   std::vector<int32_t> partials_;      // [Q] partial results per query
+  std::vector<int32_t> own_vnode_;     // [Q] vnode at the query's node (-1: none)
+  std::vector<int32_t> host_vnode_;    // [Q] nearest ancestor vnode holding the query (-1: none)
+  std::vector<int32_t> fold_;          // [Q] vnode folded into the query's host item (-1: none)
   std::vector<int32_t> cursor_;        // fill cursors (vnode query lists, merge map)
   std::vector<PlanItem> items_scratch_;
 };
