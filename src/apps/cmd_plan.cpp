@@ -63,6 +63,9 @@ void run_plan(const PlanCmd& c) {
     for (int k = 0; k < plan.num_tile_classes; ++k)
       classes.push_back({{"q_rows", plan.tile_classes[k].q_rows}, {"kv_tile", plan.tile_classes[k].kv_tile}, {"items", s.items_per_class[k]}});
     j["tile_classes"] = classes;
+    j["max_item_tokens"] = s.max_item_tokens;
+    j["folded_leaves"] = s.num_folded_leaves;
+    j["private_tokens"] = s.private_tokens;
     j["partial_rows"] = s.num_partial_rows;
     j["direct_queries"] = s.num_direct_queries;
     j["partials_per_query_mean"] = s.mean_partials_per_query;
@@ -86,6 +89,8 @@ void run_plan(const PlanCmd& c) {
   for (int k = 0; k < plan.num_tile_classes; ++k)
     fmt::print("  tile class {}: {:>3} query rows x {:>3} KV tokens: {} items\n", k, plan.tile_classes[k].q_rows,
                plan.tile_classes[k].kv_tile, s.items_per_class[k]);
+  fmt::print("longest item: {} tokens; folded leaves: {} ({} private tokens)\n", s.max_item_tokens, s.num_folded_leaves,
+             s.private_tokens);
   fmt::print("partials per query: mean {:.2f}, max {} ({} queries written directly, {} partial rows)\n",
              s.mean_partials_per_query, s.max_partials_per_query, s.num_direct_queries, s.num_partial_rows);
   fmt::print("KV bytes read ({}): plan {:.2f} MB, per-request kernel {:.2f} MB ({:.1f}x less), unique {:.2f} MB\n",

@@ -32,7 +32,9 @@ struct TreeKernelConfig {
   // records [kRecSlots] BlockRecord, their unit ids [kRecSlots] int32 (padded to 16 bytes), row
   // tables [kRowTables][kStages][kM] int32 (RowTable), TileMeta [kStages], combine (m, l)
   // [4 warps][16 rows] float2, merge flags [kM] int32, mbarriers full/empty [kStages].
-  static constexpr int kRowTables = 5;
+  // d = 64 has no head table (two CTAs per SM would not fit): heads are computed from row0 % g.
+  static constexpr bool kHeadTable = D >= 128;
+  static constexpr int kRowTables = kHeadTable ? 6 : 5;
   static constexpr int kKvStageBytes = 2 * kN * D * 2;
   static constexpr int kQSlotBytes = kM * D * 2;
   static constexpr int kQOff = kStages * kKvStageBytes;
@@ -55,7 +57,8 @@ struct TreeKernelConfig {
 // Row tables of a Q slot, written by the producer from QueryInfo, read by the consumers' epilogue
 // and fused merge: table t of Q slot qs is row_tab + (t * kStages + qs) * kM.
 // kRowPriv: the row's private interval [lo, hi) packed lo | hi << 16 (tree_attention_consumer.cuh).
-enum RowTable { kRowDst = 0, kRowPriv = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4 };
+// kRowHead (the row's query head) exists when TreeKernelConfig::kHeadTable.
+enum RowTable { kRowDst = 0, kRowPriv = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4, kRowHead = 5 };
 
 // Element offset of (row, col) in a shared [rows][D] tile of 16-bit elements whose 16-byte chunks
 // are XOR-swizzled by row % 8, so every ldmatrix phase reads 8 distinct bank groups (row pitch D;

@@ -239,7 +239,8 @@ struct Consumer {
 
   __device__ void row_dest(int qslot, int r, float*& orow, float*& lrow) const {
     const int dst = row_tab(kRowDst, qslot, r);
-    row_pointers<D>(p, dst, head0 + (r0g + r) % p.gqa, orow, lrow);
+    const int h = Cfg::kHeadTable ? row_tab(kRowHead, qslot, r) : head0 + (r0g + r) % p.gqa;
+    row_pointers<D>(p, dst, h, orow, lrow);
   }
 
   static __device__ float lse_of(float m2, float l2) {

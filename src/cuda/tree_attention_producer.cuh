@@ -133,7 +133,7 @@ struct Producer {
       c.mb[j] = qi.z;
       c.ne[j] = qi.w;
       c.pv[j] = 0;
-      if (row < c.d.rows) {  // the row's query qj of the block: [priv_end[qj - 1], priv_end[qj])
+      if (c.d.shared_len < c.d.kv_len && row < c.d.rows) {  // query qj of the block: [priv_end[qj - 1], priv_end[qj])
         const int qj = (c.d.row0 + row) / p.gqa - c.d.row0 / p.gqa;
         const int lo = qj > 0 ? r->priv_end[qj - 1] : 0;
         c.pv[j] = lo | static_cast<int>(r->priv_end[qj]) << 16;
@@ -201,6 +201,7 @@ struct Producer {
         tab[kRowMergeBegin * kTab + r] = c.mb[j];
         tab[kRowNExpect * kTab + r] = c.ne[j];
         tab[kRowPriv * kTab + r] = c.pv[j];
+        if constexpr (Cfg::kHeadTable) tab[kRowHead * kTab + r] = h;
         partial |= c.dst[j] < 0;
       }
     }

@@ -11,7 +11,12 @@ PlanStats plan_stats(const Plan& plan, const KvTree& tree) {
   s.items_per_class = plan.items_per_class;
   for (uint8_t e : plan.node_edge) s.num_concat_edges += e;
   s.num_partial_rows = plan.num_partial_rows;
-  for (const PlanItem& it : plan.items) s.plan_kv_tokens += item_tokens(it);
+  for (const PlanItem& it : plan.items) {
+    s.plan_kv_tokens += item_tokens(it);
+    s.max_item_tokens = std::max(s.max_item_tokens, item_tokens(it));
+    s.private_tokens += it.priv_len;
+  }
+  s.num_folded_leaves = static_cast<int>(plan.privates.size());
   int64_t total_partials = 0;
   for (int q = 0; q < plan.num_queries; ++q) {
     const int parts = plan.query_direct[q] ? 1 : plan.merge_begin[q + 1] - plan.merge_begin[q];

@@ -24,7 +24,10 @@ struct PlanStats {
   int num_direct_queries = 0;
   int max_partials_per_query = 0;
   double mean_partials_per_query = 0;
-  int64_t plan_kv_tokens = 0;         // Σ items kv_len: tokens the plan streams per KV head
+  int64_t plan_kv_tokens = 0;         // Σ items kv_len + priv_len: tokens the plan streams per KV head
+  int64_t max_item_tokens = 0;        // the longest item (kv_len + priv_len)
+  int num_folded_leaves = 0;          // private pieces (PlannerConfig::fold_max)
+  int64_t private_tokens = 0;         // their tokens
   int64_t per_request_kv_tokens = 0;  // Σ queries path_len: what a per-request kernel streams
   int64_t unique_kv_tokens = 0;       // tokens stored in nodes some query reads
   int64_t sum_path_len = 0;
