@@ -137,6 +137,8 @@ TEST(CpuExecutorProperty, MatchesReferenceOnRandomForests) {
       cfg.edges = ab.edges;
       cfg.split = ab.split;
       cfg.fold_max = ab.fold_max;
+      cfg.fold_min_rows = 0;  // fold wherever possible
+      cfg.fold_min_waves = 0;
       Planner planner(cfg);
       Plan plan;
       planner.build(tree, shape, plan);

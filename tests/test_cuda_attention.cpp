@@ -167,6 +167,8 @@ Plan make_plan(const KvTree& tree, const AttnShape& s, const PlanVariant& v, Pla
   cfg.num_sms = v.num_sms;
   cfg.min_chunk = v.min_chunk;
   cfg.fold_max = v.fold_max;
+  cfg.fold_min_rows = 0;  // fold wherever possible: 16-, 32- and 64-row blocks, small plans
+  cfg.fold_min_waves = 0;
   Planner planner(cfg);
   Plan plan;
   planner.build(tree, s, plan);

@@ -207,6 +207,7 @@ TEST(Planner, FoldsShortLeavesIntoTheirHostItem) {
   const KvTree t = tree_from_levels(std::vector<int64_t>{1, 4, 16}, std::vector<int64_t>{64, 32, 16});
   PlannerConfig cfg;
   cfg.split = false;
+  cfg.num_sms = 2;  // the 4 items left x 1 KV head >= fold_min_waves x num_sms: folding is kept
   Plan unfolded, folded;
   Planner(cfg).build(t, AttnShape{16, 1, 128}, unfolded);
   cfg.fold_max = 16;
@@ -238,6 +239,31 @@ TEST(Planner, FoldsShortLeavesIntoTheirHostItem) {
   EXPECT_THROW(Planner{cfg}, Error);
 }
 
+// Where folding is not kept: 16-row query tiles (g = 1 here: the 4 leaves of a node share one
+// 16-row tile), and plans that would keep fewer than fold_min_waves x num_sms units.
+TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
+  const KvTree t = tree_from_levels(std::vector<int64_t>{1, 4, 16}, std::vector<int64_t>{64, 32, 16});
+  PlannerConfig cfg;
+  cfg.split = false;
+  cfg.num_sms = 4;
+  cfg.fold_max = 16;
+  Plan plan;
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);  // g = 1: hosts are 16-row tiles
+  validate_plan(plan, t);
+  EXPECT_TRUE(plan.privates.empty());
+  cfg.fold_min_rows = 0;
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);
+  validate_plan(plan, t);
+  EXPECT_EQ(plan.privates.size(), 16u);
+  cfg.num_sms = 132;  // a few items x 8 KV heads < 1.5 x 132 units
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);
+  validate_plan(plan, t);
+  EXPECT_TRUE(plan.privates.empty());
+  cfg.fold_min_waves = 0.25;
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);
+  EXPECT_EQ(plan.privates.size(), 16u);
+}
+
 PlannerConfig random_config(std::mt19937_64& rng) {
   PlannerConfig cfg;
   const int policy = static_cast<int>(rng() % 3);
@@ -249,6 +275,8 @@ PlannerConfig random_config(std::mt19937_64& rng) {
   cfg.tile_classes[0] = {static_cast<int>(8 << (rng() % 4)), static_cast<int>(16 << (rng() % 3))};
   cfg.tile_classes[1] = {static_cast<int>(8 << (rng() % 2)), static_cast<int>(16 << (rng() % 3))};
   cfg.fold_max = rng() % 2 == 0 ? static_cast<int32_t>(rng() % (kMaxFoldTokens + 1)) : 0;
+  cfg.fold_min_rows = static_cast<int32_t>(rng() % 3) * 16;
+  cfg.fold_min_waves = static_cast<double>(rng() % 3);
   return cfg;
 }
 
@@ -303,6 +331,8 @@ TEST(PlanValidate, RejectsCorruptedPlans) {
 
   // Folded leaves: a piece given to the wrong query of its tile, or one that goes missing.
   cfg.fold_max = 10;
+  cfg.fold_min_rows = 0;
+  cfg.fold_min_waves = 0;
   Plan folded;
   Planner(cfg).build(t, AttnShape{8, 2, 64}, folded);
   validate_plan(folded, t);

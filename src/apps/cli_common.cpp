@@ -58,6 +58,8 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--split-waves", opt.split_waves, "Split so the work fills this many waves of SMs");
   cmd.add_option("--tile-rows", opt.tile_rows, "Tile classes as query rows per tile, e.g. 64,32,16");
   cmd.add_option("--fold-max", opt.fold_max, "Fold one-query leaves of at most this many tokens into an ancestor's item (0 = off)");
+  cmd.add_option("--fold-min-rows", opt.fold_min_rows, "Fold only into query tiles of more rows than this");
+  cmd.add_option("--fold-min-waves", opt.fold_min_waves, "Fold only when at least this many units per SM remain");
 }
 
 PlannerConfig make_planner_config(const PlannerOptions& opt) {
@@ -84,6 +86,14 @@ PlannerConfig make_planner_config(const PlannerOptions& opt) {
     FT_CHECK(*opt.fold_max >= 0 && *opt.fold_max <= kMaxFoldTokens,
              "--fold-max must be in [0, " + std::to_string(kMaxFoldTokens) + "]");
     cfg.fold_max = *opt.fold_max;
+  }
+  if (opt.fold_min_rows) {
+    FT_CHECK(*opt.fold_min_rows >= 0 && *opt.fold_min_rows <= 4096, "--fold-min-rows must be in [0, 4096]");
+    cfg.fold_min_rows = *opt.fold_min_rows;
+  }
+  if (opt.fold_min_waves) {
+    FT_CHECK(*opt.fold_min_waves >= 0 && *opt.fold_min_waves <= 1000, "--fold-min-waves must be in [0, 1000]");
+    cfg.fold_min_waves = *opt.fold_min_waves;
   }
   if (!opt.tile_rows.empty()) {
     const auto rows = parse_int_list(opt.tile_rows, "--tile-rows");

@@ -37,6 +37,8 @@ struct PlannerOptions {
   std::optional<int64_t> min_chunk;
   std::optional<double> split_waves;
   std::optional<int> fold_max;
+  std::optional<int> fold_min_rows;
+  std::optional<double> fold_min_waves;
   std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults
 };
 void add_planner_options(CLI::App& cmd, PlannerOptions& opt);

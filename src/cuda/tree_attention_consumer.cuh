@@ -22,9 +22,10 @@
 
 namespace fasttree::cuda_detail {
 
-// Column mask of a tile holding private tokens (folded leaves), for this thread's rows g, g + 8:
-// tile column c is visible iff c < shared (a column every row reads) or lo[hr] <= c < hi[hr] (the
-// row's own private tokens); shared and hi are clamped to the tile's token count.
+// Column mask of a partial tile, for this thread's rows g, g + 8: tile column c is visible iff
+// c < shared (a column every row reads) or lo[hr] <= c < hi[hr] (the row's own private tokens,
+// folded leaves); shared and hi are clamped to the tile's token count. A tile without private
+// tokens has shared = count and empty private intervals.
 struct TreeMask {
   int shared;
   int lo[2], hi[2];
@@ -83,9 +84,9 @@ struct Consumer {
   // (m in scaled units), sc becomes P = 2^(s * scale - m) (one FFMA per element), and O is
   // rescaled unless this is the unit's first tile (O still zero) or no row max of the warp moved.
   // The scale (sm_scale * log2 e) is positive, so the max of the raw scores scales to the max.
-  // kTree: the tile holds private tokens; columns outside tm's visible set are masked as well.
-  template <int NT, bool kMask = true, bool kTree = false>
-  __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], int cb, int count, bool first, const TreeMask& tm) {
+  // kMask: columns outside tm's visible set are masked.
+  template <int NT, bool kMask = true>
+  __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], int cb, bool first, const TreeMask& tm) {
     const int tq = lane & 3;
     const float scale = p.scale_log2;
     float mx[2] = {neg_inf(), neg_inf()};
@@ -95,12 +96,9 @@ struct Consumer {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = sc[i][e];
-        if constexpr (kTree) {
+        if constexpr (kMask) {
           const int c = col + (e & 1);
           x = c < tm.shared || (c >= tm.lo[e >> 1] && c < tm.hi[e >> 1]) ? x : neg_inf();
-          sc[i][e] = x;
-        } else if constexpr (kMask) {
-          x = col + (e & 1) < count ? x : neg_inf();
           sc[i][e] = x;
         }
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -134,11 +132,10 @@ struct Consumer {
   // kFull: all NW columns hold tokens (cb + NW <= count): no column checks, no masking.
   // kQSmem: Q fragments from the Q slot (ldmatrix) instead of registers (d = 256, and the partial
   // tiles of wgmma units, whose Q is never loaded into registers).
-  // kTree: the tile holds private tokens (tm masks them per row; implies !kFull).
-  template <int NW, bool kFull, bool kQSmem = !Cfg::kQInRegs, bool kTree = false>
+  // tm: the mask of a partial tile (!kFull).
+  template <int NW, bool kFull, bool kQSmem = !Cfg::kQInRegs>
   __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first,
-                          const TreeMask& tm = TreeMask{}) {
-    static_assert(!(kTree && kFull));
+                          const TreeMask& tm) {
     constexpr int NT = NW / 8;
     const uint32_t kc = k_base + cb * 128;  // column group's first K / V row (128 bytes per swz64 row)
     const uint32_t vc = v_base + cb * 128;
@@ -169,7 +166,7 @@ struct Consumer {
       }
     }
 
-    online_softmax<NT, !kFull, kTree>(sc, cb, count, first, tm);
+    online_softmax<NT, !kFull>(sc, cb, first, tm);
 
     // O += P V, 16 tokens per k-step.
 #pragma unroll
@@ -212,7 +209,7 @@ struct Consumer {
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sc);
-    online_softmax<8, false>(sc, 0, count, first, TreeMask{});  // full tiles without private tokens only
+    online_softmax<8, false>(sc, 0, first, TreeMask{});  // full tiles without private tokens only
     uint32_t pa[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -416,9 +413,10 @@ struct Consumer {
     }
   }
 
-  // The mask of a tile with private tokens whose column c is private token c + pt.
-  __device__ TreeMask tree_mask(int qslot, int row_base, int count, int pt) const {
-    TreeMask tm;
+  // The mask of a partial tile; with private tokens (priv), column c is private token c + pt.
+  __device__ TreeMask tree_mask(int qslot, int row_base, int count, bool priv, int pt) const {
+    TreeMask tm{count, {0, 0}, {0, 0}};
+    if (!priv) return tm;
     tm.shared = min(max(-pt, 0), count);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -452,21 +450,14 @@ struct Consumer {
       if (count == kN && !priv) {
         compute_wgmma(q_base, k_base, v_base, count, first);
       } else if (active) {
-        if (priv) {
-          compute<kN, false, true, true>(q_base, k_base, v_base, row_base, 0, count, first, tree_mask(qslot, row_base, count, pt));
-        } else {
-          compute<kN, false, true>(q_base, k_base, v_base, row_base, 0, count, first);
-        }
+        compute<kN, false, true>(q_base, k_base, v_base, row_base, 0, count, first, tree_mask(qslot, row_base, count, priv, pt));
       }
     } else {
       if (active && cb < count) {
-        if (priv) {
-          compute<NW, false, !Cfg::kQInRegs, true>(q_base, k_base, v_base, row_base, cb, count, first,
-                                                    tree_mask(qslot, row_base, count, pt));
-        } else if (cb + NW <= count) {
-          compute<NW, true>(q_base, k_base, v_base, row_base, cb, count, first);
+        if (cb + NW <= count && !priv) {
+          compute<NW, true>(q_base, k_base, v_base, row_base, cb, count, first, TreeMask{});
         } else {
-          compute<NW, false>(q_base, k_base, v_base, row_base, cb, count, first);
+          compute<NW, false>(q_base, k_base, v_base, row_base, cb, count, first, tree_mask(qslot, row_base, count, priv, pt));
         }
       }
     }

@@ -67,6 +67,13 @@ struct PlannerConfig {
   // tokens (one chunk), becomes a private piece of the last chunk's item, in the query's nearest
   // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens).
   int32_t fold_max = 0;
+  // Folding is kept only where it pays (measured on the H200 paper suite, PERF_NOTES.md): into
+  // query tiles of more than fold_min_rows rows (16-row tiles of short units run faster on the
+  // warp-per-unit kernel than with folded leaves on the main kernel), and only when the plan keeps
+  // at least fold_min_waves * num_sms items x KV heads (folding removes units: below that, the
+  // longer host units become the critical path).
+  int32_t fold_min_rows = 16;
+  double fold_min_waves = 1.5;
 };
 
 inline constexpr int32_t kMaxFoldTokens = 256;

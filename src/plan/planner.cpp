@@ -107,6 +107,7 @@ void check_config(const PlannerConfig& c) {
   FT_CHECK(c.alpha >= 0 && c.beta >= 0 && c.gamma >= 0 && c.delta >= 0, "planner: alpha, beta, gamma, delta must be >= 0");
   FT_CHECK(c.fold_max >= 0 && c.fold_max <= kMaxFoldTokens,
            "planner: fold_max must be in [0, " + std::to_string(kMaxFoldTokens) + "], got " + std::to_string(c.fold_max));
+  FT_CHECK(c.fold_min_rows >= 0 && c.fold_min_waves >= 0, "planner: fold_min_rows and fold_min_waves must be >= 0");
 }
 
 
@@ -288,14 +289,22 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   // gets no items; its query has one partial result fewer.
   fold_.assign(plan.num_queries, -1);
   if (config_.fold_max > 0) {
+    int64_t items = 0, folded = 0;
     for (int v = 0; v < nv; ++v) {
+      items += static_cast<int64_t>(vnode_tiles_[v]) * ((plan.vnode_len[v] + vnode_chunk_len_[v] - 1) / vnode_chunk_len_[v]);
       if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > config_.fold_max ||
           vnode_chunk_len_[v] < plan.vnode_len[v])
         continue;
       const int32_t q = plan.vnode_queries[plan.vnode_q_begin[v]];
-      if (own_vnode_[q] != v || host_vnode_[q] < 0) continue;
+      const int32_t host = host_vnode_[q];
+      if (own_vnode_[q] != v || host < 0 || config_.tile_classes[vnode_cls_[host]].q_rows <= config_.fold_min_rows) continue;
       fold_[q] = v;
-      --partials_[q];
+      ++folded;
+    }
+    if (static_cast<double>(items - folded) * num_kv_heads < config_.fold_min_waves * config_.num_sms) {
+      fold_.assign(plan.num_queries, -1);  // too few units would be left: no folding
+    } else {
+      for (int q = 0; q < plan.num_queries; ++q) partials_[q] -= fold_[q] >= 0 ? 1 : 0;
     }
   }
   plan.query_direct.resize(plan.num_queries);
