@@ -208,6 +208,7 @@ TEST(Planner, FoldsShortLeavesIntoTheirHostItem) {
   PlannerConfig cfg;
   cfg.split = false;
   cfg.num_sms = 2;  // the 4 items left x 1 KV head >= fold_min_waves x num_sms: folding is kept
+  cfg.fold_max = 0;
   Plan unfolded, folded;
   Planner(cfg).build(t, AttnShape{16, 1, 128}, unfolded);
   cfg.fold_max = 16;

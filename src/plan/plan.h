@@ -40,7 +40,8 @@ enum class EdgePolicy {
 
 // Every constant of the planner. Defaults: `fasttree calibrate` on the H200 (bench/results/
 // h200-calibration.csv; README "Calibration"): alpha 0.33, beta 0.33, gamma 0.1, min_chunk 128,
-// split_waves 2, tile classes 64 and 16 rows.
+// split_waves 2, tile classes 64 and 16 rows (fitted without leaf folding); fold_max 128 and its
+// two guards from the A/B runs in src/cuda/PERF_NOTES.md.
 struct PlannerConfig {
   // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
   // SplitKV pays gamma per query that gets one more partial result; SplitQ (concatenating a child
@@ -65,8 +66,9 @@ struct PlannerConfig {
   int64_t max_chunk = 0;
   // Leaf folding: a vnode whose group is one query at its own node, with at most fold_max context
   // tokens (one chunk), becomes a private piece of the last chunk's item, in the query's nearest
-  // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens).
-  int32_t fold_max = 0;
+  // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens). Default 128:
+  // paper suite on the H200 3.92 -> 3.46x the floor (32, 128 and 256 measured alike).
+  int32_t fold_max = 128;
   // Folding is kept only where it pays (measured on the H200 paper suite, PERF_NOTES.md): into
   // query tiles of more than fold_min_rows rows (16-row tiles of short units run faster on the
   // warp-per-unit kernel than with folded leaves on the main kernel), and only when the plan keeps
