@@ -240,8 +240,9 @@ TEST(Planner, FoldsShortLeavesIntoTheirHostItem) {
   EXPECT_THROW(Planner{cfg}, Error);
 }
 
-// Where folding is not kept: 16-row query tiles (g = 1 here: the 4 leaves of a node share one
-// 16-row tile), and plans that would keep fewer than fold_min_waves x num_sms units.
+// Where folding is not kept: 16-row query tiles with fewer than fold_narrow_tokens private tokens
+// (g = 1 here: the 4 leaves of a node share one 16-row tile), and plans that would keep fewer than
+// fold_min_waves x num_sms units.
 TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
   const KvTree t = tree_from_levels(std::vector<int64_t>{1, 4, 16}, std::vector<int64_t>{64, 32, 16});
   PlannerConfig cfg;
@@ -249,9 +250,14 @@ TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
   cfg.num_sms = 4;
   cfg.fold_max = 16;
   Plan plan;
-  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);  // g = 1: hosts are 16-row tiles
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);  // g = 1: hosts are 16-row tiles, 4 x 16 private tokens
   validate_plan(plan, t);
   EXPECT_TRUE(plan.privates.empty());
+  cfg.fold_narrow_tokens = 64;  // ... enough for narrow tiles now
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);
+  validate_plan(plan, t);
+  EXPECT_EQ(plan.privates.size(), 16u);
+  cfg.fold_narrow_tokens = 128;
   cfg.fold_min_rows = 0;
   Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);
   validate_plan(plan, t);

@@ -60,6 +60,8 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--fold-max", opt.fold_max, "Fold one-query leaves of at most this many tokens into an ancestor's item (0 = off)");
   cmd.add_option("--fold-min-rows", opt.fold_min_rows, "Fold only into query tiles of more rows than this");
   cmd.add_option("--fold-min-waves", opt.fold_min_waves, "Fold only when at least this many units per SM remain");
+  cmd.add_option("--fold-narrow-tokens", opt.fold_narrow_tokens,
+                 "Fold into tiles of at most --fold-min-rows rows only with this many private tokens per tile");
 }
 
 PlannerConfig make_planner_config(const PlannerOptions& opt) {
@@ -90,6 +92,10 @@ PlannerConfig make_planner_config(const PlannerOptions& opt) {
   if (opt.fold_min_rows) {
     FT_CHECK(*opt.fold_min_rows >= 0 && *opt.fold_min_rows <= 4096, "--fold-min-rows must be in [0, 4096]");
     cfg.fold_min_rows = *opt.fold_min_rows;
+  }
+  if (opt.fold_narrow_tokens) {
+    FT_CHECK(*opt.fold_narrow_tokens >= 0 && *opt.fold_narrow_tokens <= (1 << 20), "--fold-narrow-tokens must be in [0, 2^20]");
+    cfg.fold_narrow_tokens = *opt.fold_narrow_tokens;
   }
   if (opt.fold_min_waves) {
     FT_CHECK(*opt.fold_min_waves >= 0 && *opt.fold_min_waves <= 1000, "--fold-min-waves must be in [0, 1000]");

@@ -38,6 +38,7 @@ struct PlannerOptions {
   std::optional<double> split_waves;
   std::optional<int> fold_max;
   std::optional<int> fold_min_rows;
+  std::optional<int> fold_narrow_tokens;
   std::optional<double> fold_min_waves;
   std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults
 };

@@ -70,11 +70,13 @@ struct PlannerConfig {
   // paper suite on the H200 3.92 -> 3.46x the floor (32, 128 and 256 measured alike).
   int32_t fold_max = 128;
   // Folding is kept only where it pays (measured on the H200 paper suite, PERF_NOTES.md): into
-  // query tiles of more than fold_min_rows rows (16-row tiles of short units run faster on the
-  // warp-per-unit kernel than with folded leaves on the main kernel), and only when the plan keeps
-  // at least fold_min_waves * num_sms items x KV heads (folding removes units: below that, the
-  // longer host units become the critical path).
+  // query tiles of more than fold_min_rows rows, or into narrower tiles when their vnode's folded
+  // leaves average at least fold_narrow_tokens per tile (16-row tiles of short units run faster
+  // on the warp-per-unit kernel than with one tile of folded leaves on the main kernel), and only
+  // when the plan keeps at least fold_min_waves * num_sms items x KV heads (folding removes units:
+  // below that, the longer host units become the critical path).
   int32_t fold_min_rows = 16;
+  int32_t fold_narrow_tokens = 128;
   double fold_min_waves = 1.5;
 };
 

@@ -107,7 +107,8 @@ void check_config(const PlannerConfig& c) {
   FT_CHECK(c.alpha >= 0 && c.beta >= 0 && c.gamma >= 0 && c.delta >= 0, "planner: alpha, beta, gamma, delta must be >= 0");
   FT_CHECK(c.fold_max >= 0 && c.fold_max <= kMaxFoldTokens,
            "planner: fold_max must be in [0, " + std::to_string(kMaxFoldTokens) + "], got " + std::to_string(c.fold_max));
-  FT_CHECK(c.fold_min_rows >= 0 && c.fold_min_waves >= 0, "planner: fold_min_rows and fold_min_waves must be >= 0");
+  FT_CHECK(c.fold_min_rows >= 0 && c.fold_min_waves >= 0 && c.fold_narrow_tokens >= 0,
+           "planner: fold_min_rows, fold_min_waves and fold_narrow_tokens must be >= 0");
 }
 
 
@@ -289,16 +290,29 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   // gets no items; its query has one partial result fewer.
   fold_.assign(plan.num_queries, -1);
   if (config_.fold_max > 0) {
+    // Candidates first, with the private tokens each host vnode would take on (host_tokens_).
     int64_t items = 0, folded = 0;
+    host_tokens_.assign(nv, 0);
     for (int v = 0; v < nv; ++v) {
       items += static_cast<int64_t>(vnode_tiles_[v]) * ((plan.vnode_len[v] + vnode_chunk_len_[v] - 1) / vnode_chunk_len_[v]);
       if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > config_.fold_max ||
           vnode_chunk_len_[v] < plan.vnode_len[v])
         continue;
       const int32_t q = plan.vnode_queries[plan.vnode_q_begin[v]];
-      const int32_t host = host_vnode_[q];
-      if (own_vnode_[q] != v || host < 0 || config_.tile_classes[vnode_cls_[host]].q_rows <= config_.fold_min_rows) continue;
+      if (own_vnode_[q] != v || host_vnode_[q] < 0) continue;
       fold_[q] = v;
+      host_tokens_[host_vnode_[q]] += plan.vnode_len[v];
+    }
+    // Narrow tiles (<= fold_min_rows rows) keep their folds only with >= fold_narrow_tokens
+    // private tokens per tile on average.
+    for (int q = 0; q < plan.num_queries; ++q) {
+      if (fold_[q] < 0) continue;
+      const int32_t host = host_vnode_[q];
+      if (config_.tile_classes[vnode_cls_[host]].q_rows <= config_.fold_min_rows &&
+          host_tokens_[host] < static_cast<int64_t>(config_.fold_narrow_tokens) * vnode_tiles_[host]) {
+        fold_[q] = -1;
+        continue;
+      }
       ++folded;
     }
     if (static_cast<double>(items - folded) * num_kv_heads < config_.fold_min_waves * config_.num_sms) {

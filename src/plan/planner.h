@@ -56,6 +56,7 @@ class Planner {
   std::vector<int32_t> own_vnode_;     // [Q] vnode at the query's node (-1: none)
   std::vector<int32_t> host_vnode_;    // [Q] nearest ancestor vnode holding the query (-1: none)
   std::vector<int32_t> fold_;          // [Q] vnode folded into the query's host item (-1: none)
+  std::vector<int64_t> host_tokens_;   // [V] private tokens the vnode's items would take on
   std::vector<int32_t> cursor_;        // fill cursors (vnode query lists, merge map)
   std::vector<PlanItem> items_scratch_;
 };
