@@ -130,13 +130,16 @@ struct WarpStaged {
     row_dst = qi.y;
     q_off = r < rows ? (static_cast<int64_t>(qi.x) * p.num_qo_heads + row_head) * D : -1;
     shared_end = kv_begin + b.x;
-    // Row r's query of the block qj reads private tokens [priv_end[qj - 1], priv_end[qj]).
-    const int qj = (row0 + r) / p.gqa - row0 / p.gqa;
-    const uint32_t e_hi = __shfl_sync(kFullMask, pv, (qj >> 1) & 31);
-    const uint32_t e_lo = __shfl_sync(kFullMask, pv, ((qj - 1) >> 1) & 31);
-    const int hi = static_cast<int>((qj & 1) ? e_hi >> 16 : e_hi & 0xffff);
-    const int lo = qj > 0 ? static_cast<int>(((qj - 1) & 1) ? e_lo >> 16 : e_lo & 0xffff) : 0;
-    row_priv = b.x < a.w && r < rows ? lo | hi << 16 : 0;
+    row_priv = 0;
+    if (b.x < a.w) {  // warp-uniform: only units with private tokens pay for their row intervals
+      // Row r's query of the block qj reads private tokens [priv_end[qj - 1], priv_end[qj]).
+      const int qj = (row0 + r) / p.gqa - row0 / p.gqa;
+      const uint32_t e_hi = __shfl_sync(kFullMask, pv, (qj >> 1) & 31);
+      const uint32_t e_lo = __shfl_sync(kFullMask, pv, ((qj - 1) >> 1) & 31);
+      const int hi = static_cast<int>((qj & 1) ? e_hi >> 16 : e_hi & 0xffff);
+      const int lo = qj > 0 ? static_cast<int>(((qj - 1) & 1) ? e_lo >> 16 : e_lo & 0xffff) : 0;
+      if (r < rows) row_priv = lo | hi << 16;
+    }
   }
 
   __device__ unsigned char* stage(int slot) const { return ring + static_cast<size_t>(slot) * Cfg::kStageBytes; }
@@ -195,7 +198,7 @@ struct WarpStaged {
     if (lane < 16) {
       hdr[4 + lane] = row_dst;
       hdr[20 + lane] = row_head;
-      hdr[36 + lane] = row_priv;
+      if (priv) hdr[36 + lane] = row_priv;
     }
     cp_async_commit();
     // Advance: the next job of this unit (moving the run window to the run holding its first
