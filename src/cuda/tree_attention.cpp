@@ -474,10 +474,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   // Items whose single block has <= 16 rows and whose chunk has <= warp_max_kv tokens go last (the
   // warp-per-unit kernel's units), the others keep the plan's order.
   BlockRecord* records = m.host_section<BlockRecord>(kRecords);
-  // Items with private pieces run on the staged warp kernel too, not on the register one.
-  auto short_item = [&](const PlanItem& it) {
-    return m.warp_max_kv > 0 && static_cast<int64_t>(it.q_count) * g <= 16 && item_tokens(it) <= m.warp_max_kv &&
-           (it.priv_count == 0 || m.warp_shape.stages > 0);
+  auto short_item = [&](const PlanItem& it) {  // items with private pieces run on the main kernel only
+    return m.warp_max_kv > 0 && static_cast<int64_t>(it.q_count) * g <= 16 && it.kv_len <= m.warp_max_kv && it.priv_count == 0;
   };
   int64_t num_short_units = 0;
   for (const PlanItem& it : plan.items) num_short_units += short_item(it) ? sh.num_kv_heads : 0;

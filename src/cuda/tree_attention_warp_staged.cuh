@@ -37,9 +37,7 @@ struct WarpStagedCfg {
   static constexpr int kStages = S;
   static constexpr int kJob = 16;                  // tokens per job
   static constexpr int kTileBytes = kJob * D * 2;  // K, V or Q tile of one job
-  // Job header {count, flags, rows, pt}, dst[16], head[16], priv[16]: 208 bytes, padded so stages
-  // stay 128-byte aligned. flags: first 1, last 2, private tokens 4 (folded leaves: pt = the job's
-  // first token minus the block's shared_len, priv[r] = row r's private interval lo | hi << 16).
+  // Job header {count, flags, rows, -}, dst[16], head[16]: 144 bytes, padded so stages stay 128-byte aligned.
   static constexpr int kHeaderBytes = 256;
   static constexpr int kStageBytes = 3 * kTileBytes + kHeaderBytes;
   static constexpr int kWarpBytes = kStages * kStageBytes;
@@ -75,11 +73,8 @@ struct WarpStaged {
   int win_tb, win_end;
   int64_t q_off;   // lane r (mod 16): element offset of row r's Q (-1: beyond the block)
   int row_dst, row_head;
-  int shared_end;  // context tokens below are read by every row; above: private pieces
-  int row_priv;    // lane r (mod 16): row r's private interval, lo | hi << 16
-  // The next unit's record, loaded one unit ahead (npv: priv_end[2 lane], priv_end[2 lane + 1]).
+  // The next unit's record, loaded one unit ahead.
   int4 na, nb, nrun, nqi;
-  uint32_t npv;
 
   // ---- compute side ----------------------------------------------------------------------------
   float o[kDT][4];
@@ -89,25 +84,23 @@ struct WarpStaged {
   __device__ WarpStaged(const TreeAttnParams& params, unsigned char* warp_ring, int ln, int first_unit, int e, int s)
       : p(params), ring(warp_ring), lane(ln), end(e), stride(s) {
     iu = first_unit;
-    if (iu < end) load_record(iu, na, nb, nrun, nqi, npv);
+    if (iu < end) load_record(iu, na, nb, nrun, nqi);
     start_unit();
   }
 
-  __device__ void load_record(int unit, int4& a, int4& b, int4& run, int4& qi, uint32_t& pv) const {
+  __device__ void load_record(int unit, int4& a, int4& b, int4& run, int4& qi) const {
     const BlockRecord* rec = p.records + unit / p.num_kv_heads;
     a = __ldg(reinterpret_cast<const int4*>(&rec->desc));
     b = __ldg(reinterpret_cast<const int4*>(&rec->desc) + 1);
     run = __ldg(reinterpret_cast<const int4*>(&rec->runs[lane]));
     qi = __ldg(reinterpret_cast<const int4*>(&rec->rows[lane & 15]));
-    pv = __ldg(reinterpret_cast<const uint32_t*>(rec->priv_end) + lane);
   }
 
   // Unit iu from the prefetched record; prefetches the record of the warp's next unit.
   __device__ void start_unit() {
     if (iu >= end) return;
     const int4 a = na, b = nb, run = nrun, qi = nqi;
-    const uint32_t pv = npv;
-    if (iu + stride < end) load_record(iu + stride, na, nb, nrun, nqi, npv);
+    if (iu + stride < end) load_record(iu + stride, na, nb, nrun, nqi);
     kvh = iu % p.num_kv_heads;
     kv_begin = a.z;
     kv_end = a.z + a.w;
@@ -129,17 +122,6 @@ struct WarpStaged {
     row_head = kvh * p.gqa + (row0 + r) % p.gqa;
     row_dst = qi.y;
     q_off = r < rows ? (static_cast<int64_t>(qi.x) * p.num_qo_heads + row_head) * D : -1;
-    shared_end = kv_begin + b.x;
-    row_priv = 0;
-    if (b.x < a.w) {  // warp-uniform: only units with private tokens pay for their row intervals
-      // Row r's query of the block qj reads private tokens [priv_end[qj - 1], priv_end[qj]).
-      const int qj = (row0 + r) / p.gqa - row0 / p.gqa;
-      const uint32_t e_hi = __shfl_sync(kFullMask, pv, (qj >> 1) & 31);
-      const uint32_t e_lo = __shfl_sync(kFullMask, pv, ((qj - 1) >> 1) & 31);
-      const int hi = static_cast<int>((qj & 1) ? e_hi >> 16 : e_hi & 0xffff);
-      const int lo = qj > 0 ? static_cast<int>(((qj - 1) & 1) ? e_lo >> 16 : e_lo & 0xffff) : 0;
-      if (r < rows) row_priv = lo | hi << 16;
-    }
   }
 
   __device__ unsigned char* stage(int slot) const { return ring + static_cast<size_t>(slot) * Cfg::kStageBytes; }
@@ -188,17 +170,14 @@ struct WarpStaged {
         cp_async_16(qb + so, qo >= 0 ? qg + qo + chunk * 8 : qg, qo >= 0 ? 16u : 0u);
       }
     }
-    const bool priv = ibase + count > shared_end;
     if (lane == 0) {
       hdr[0] = count;
-      hdr[1] = (first ? 1 : 0) | (last ? 2 : 0) | (priv ? 4 : 0);
+      hdr[1] = (first ? 1 : 0) | (last ? 2 : 0);
       hdr[2] = rows;
-      hdr[3] = ibase - shared_end;
     }
     if (lane < 16) {
       hdr[4 + lane] = row_dst;
       hdr[20 + lane] = row_head;
-      if (priv) hdr[36 + lane] = row_priv;
     }
     cp_async_commit();
     // Advance: the next job of this unit (moving the run window to the run holding its first
@@ -256,35 +235,9 @@ struct WarpStaged {
         mma_16816<T>(sc[1], qf[kk], bk[2], bk[3]);
       }
     }
-    // Online softmax (log2 domain); columns >= count are masked, and with private tokens every
-    // column outside the shared ones and the row's own interval (the first job of a unit always
-    // starts with shared tokens, so no row's running max stays -inf past it).
+    // Online softmax (log2 domain); columns >= count are masked.
     float mx[2];
-    if ((flags & 4) == 0) {
-      scale_mask_max(sc, count, lane & 3, p.scale_log2, mx);
-    } else {
-      const int pt = hdr[3], g = lane >> 2;
-      const int shared = min(max(-pt, 0), count);
-      int lo[2], hi[2];
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int pv = hdr[36 + g + 8 * hr];
-        lo[hr] = (pv & 0xffff) - pt;
-        hi[hr] = min((pv >> 16) - pt, count);
-      }
-      mx[0] = mx[1] = neg_inf();
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = i * 8 + 2 * (lane & 3) + (e & 1);
-          const bool vis = c < shared || (c >= lo[e >> 1] && c < hi[e >> 1]);
-          const float x = vis ? sc[i][e] * p.scale_log2 : neg_inf();
-          sc[i][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-      }
-    }
+    scale_mask_max(sc, count, lane & 3, p.scale_log2, mx);
     float alpha[2];
     softmax_step(sc, mx, m, l, alpha);
     if (!first) rescale_rows(o, alpha);
