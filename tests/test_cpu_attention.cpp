@@ -507,6 +507,19 @@ TEST(CpuExecutor, BadPlansAndSpansThrow) {
   expect_bad([](Plan& p) { p.vnode_queries[0] = 2; });
   expect_bad([](Plan& p) { p.vnode_q_begin[1] = 1; });        // item 0 tile leaves the vnode
   expect_bad([](Plan& p) { p.num_tile_classes = 0; });
+  // Private pieces (folded leaves) that do not fit their item.
+  auto with_piece = [](Plan& p, PlanPrivate piece, int32_t len) {
+    p.privates.push_back(piece);
+    p.items[0].priv_begin = 0;
+    p.items[0].priv_count = 1;
+    p.items[0].priv_len = len;
+  };
+  expect_bad([&](Plan& p) { with_piece(p, PlanPrivate{2, 0, 0, 3}, 3); });  // no such vnode
+  expect_bad([&](Plan& p) { with_piece(p, PlanPrivate{1, 2, 0, 3}, 3); });  // query index past the tile
+  expect_bad([&](Plan& p) { with_piece(p, PlanPrivate{1, 0, 0, 2}, 2); });  // length is not the vnode's
+  expect_bad([&](Plan& p) { with_piece(p, PlanPrivate{1, 0, 1, 3}, 3); });  // does not start the region
+  expect_bad([&](Plan& p) { with_piece(p, PlanPrivate{1, 0, 0, 3}, 4); });  // priv_len disagrees
+  expect_bad([](Plan& p) { p.items[0].priv_count = 1; });                  // past plan.privates
   {  // direct query never written
     Plan p = good;
     p.query_direct = {1, 1};
