@@ -61,6 +61,7 @@ void build_per_request_plan(const KvTree& tree, const AttnShape& shape, const Pe
   const double work = static_cast<double>(total) * shape.num_kv_heads;
   const int64_t target = std::max<int64_t>(config.min_chunk, static_cast<int64_t>(std::ceil(work / (config.num_sms * config.waves))));
   plan.items.clear();
+  plan.privates.clear();  // no folded leaves: every request reads its whole path
   plan.items_per_class = {};
   plan.query_direct.assign(nq, 0);
   plan.merge_begin.assign(nq + 1, 0);

@@ -286,41 +286,7 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     vnode_chunk_len_[v] = chunk_len;
     for (int i = plan.vnode_q_begin[v]; i < plan.vnode_q_begin[v + 1]; ++i) partials_[plan.vnode_queries[i]] += chunks;
   }
-  // Leaf folding: fold_[q] = the vnode folded into query q's host item (-1: none). A folded vnode
-  // gets no items; its query has one partial result fewer.
-  fold_.assign(plan.num_queries, -1);
-  if (config_.fold_max > 0) {
-    // Candidates first, with the private tokens each host vnode would take on (host_tokens_).
-    int64_t items = 0, folded = 0;
-    host_tokens_.assign(nv, 0);
-    for (int v = 0; v < nv; ++v) {
-      items += static_cast<int64_t>(vnode_tiles_[v]) * ((plan.vnode_len[v] + vnode_chunk_len_[v] - 1) / vnode_chunk_len_[v]);
-      if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > config_.fold_max ||
-          vnode_chunk_len_[v] < plan.vnode_len[v])
-        continue;
-      const int32_t q = plan.vnode_queries[plan.vnode_q_begin[v]];
-      if (own_vnode_[q] != v || host_vnode_[q] < 0) continue;
-      fold_[q] = v;
-      host_tokens_[host_vnode_[q]] += plan.vnode_len[v];
-    }
-    // Narrow tiles (<= fold_min_rows rows) keep their folds only with >= fold_narrow_tokens
-    // private tokens per tile on average.
-    for (int q = 0; q < plan.num_queries; ++q) {
-      if (fold_[q] < 0) continue;
-      const int32_t host = host_vnode_[q];
-      if (config_.tile_classes[vnode_cls_[host]].q_rows <= config_.fold_min_rows &&
-          host_tokens_[host] < static_cast<int64_t>(config_.fold_narrow_tokens) * vnode_tiles_[host]) {
-        fold_[q] = -1;
-        continue;
-      }
-      ++folded;
-    }
-    if (static_cast<double>(items - folded) * num_kv_heads < config_.fold_min_waves * config_.num_sms) {
-      fold_.assign(plan.num_queries, -1);  // too few units would be left: no folding
-    } else {
-      for (int q = 0; q < plan.num_queries; ++q) partials_[q] -= fold_[q] >= 0 ? 1 : 0;
-    }
-  }
+  choose_folds(num_kv_heads, plan);
   plan.query_direct.resize(plan.num_queries);
   for (int q = 0; q < plan.num_queries; ++q) plan.query_direct[q] = partials_[q] == 1;
 
@@ -370,6 +336,46 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     plan.items_per_class[vnode_cls_[v]] += tiles * ((len + chunk_len - 1) / chunk_len);
   }
   plan.num_partial_rows = rows;
+}
+
+// Leaf folding (PlannerConfig::fold_max): fold_[q] = the vnode folded into query q's host item
+// (-1: none). A folded vnode gets no items; its query has one partial result fewer. Candidates:
+// one-query vnodes at their query's own node, one chunk of at most fold_max tokens, with a host
+// (the query's nearest ancestor vnode). Kept under the guards of PlannerConfig (tile rows, private
+// tokens per narrow tile, units left).
+void Planner::choose_folds(int num_kv_heads, Plan& plan) {
+  const int nv = plan.num_vnodes();
+  fold_.assign(plan.num_queries, -1);
+  if (config_.fold_max <= 0) return;
+  int64_t items = 0, folded = 0;
+  host_tokens_.assign(nv, 0);  // private tokens each host vnode would take on
+  for (int v = 0; v < nv; ++v) {
+    items += static_cast<int64_t>(vnode_tiles_[v]) * ((plan.vnode_len[v] + vnode_chunk_len_[v] - 1) / vnode_chunk_len_[v]);
+    if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > config_.fold_max ||
+        vnode_chunk_len_[v] < plan.vnode_len[v])
+      continue;
+    const int32_t q = plan.vnode_queries[plan.vnode_q_begin[v]];
+    if (own_vnode_[q] != v || host_vnode_[q] < 0) continue;
+    fold_[q] = v;
+    host_tokens_[host_vnode_[q]] += plan.vnode_len[v];
+  }
+  // Narrow tiles (<= fold_min_rows rows) keep their folds only with >= fold_narrow_tokens private
+  // tokens per tile on average.
+  for (int q = 0; q < plan.num_queries; ++q) {
+    if (fold_[q] < 0) continue;
+    const int32_t host = host_vnode_[q];
+    if (config_.tile_classes[vnode_cls_[host]].q_rows <= config_.fold_min_rows &&
+        host_tokens_[host] < static_cast<int64_t>(config_.fold_narrow_tokens) * vnode_tiles_[host]) {
+      fold_[q] = -1;
+      continue;
+    }
+    ++folded;
+  }
+  if (static_cast<double>(items - folded) * num_kv_heads < config_.fold_min_waves * config_.num_sms) {
+    fold_.assign(plan.num_queries, -1);  // too few units would be left: no folding
+    return;
+  }
+  for (int q = 0; q < plan.num_queries; ++q) partials_[q] -= fold_[q] >= 0 ? 1 : 0;
 }
 
 void Planner::build_merge_map(Plan& plan) {

@@ -39,6 +39,7 @@ class Planner {
   void assign_edges(const KvTree& tree, int g, Plan& plan);
   void build_vnodes(const KvTree& tree, Plan& plan);
   void build_items(int g, int num_kv_heads, Plan& plan);
+  void choose_folds(int num_kv_heads, Plan& plan);
   void build_merge_map(Plan& plan);
   void sort_items_longest_first(std::vector<PlanItem>& items);
 
