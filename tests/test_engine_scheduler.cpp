@@ -625,17 +625,21 @@ TEST(EnginePlanExtend, PatchedPlanComputesTheGrownTreesAttention) {
   const int32_t num_slots = 400;
   const auto k = test::random_floats(static_cast<size_t>(num_slots) * 2 * 16, 1);
   const auto v = test::random_floats(static_cast<size_t>(num_slots) * 2 * 16, 2);
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE(variant);
     PlannerConfig cfg;
     if (variant == 1) cfg = splitting_planner();
     if (variant == 2) cfg.edges = EdgePolicy::kAllZero;
+    if (variant == 3) {  // folded leaves everywhere: such plans are re-planned, never patched
+      cfg.fold_min_rows = 0;
+      cfg.fold_min_waves = 0;
+    }
     Planner planner(cfg);
     int32_t next = 0;
     KvTree tree = batch_tree(6, 40 + variant, next);
     Plan plan;
     planner.build(tree, shape, plan);
-    int extended = 0, replanned = 0;
+    int extended = 0, replanned = 0, folded = 0;
     for (int step = 0; step < 30; ++step) {
       Vec slots(6);
       for (auto& s : slots) s = next++;
@@ -647,13 +651,20 @@ TEST(EnginePlanExtend, PatchedPlanComputesTheGrownTreesAttention) {
         ++replanned;
       }
       validate_plan(plan, tree);
-      for (size_t i = 1; i < plan.items.size(); ++i) ASSERT_GE(plan.items[i - 1].kv_len, plan.items[i].kv_len);
+      folded += plan.privates.empty() ? 0 : 1;
+      for (size_t i = 1; i < plan.items.size(); ++i) ASSERT_GE(item_tokens(plan.items[i - 1]), item_tokens(plan.items[i]));
       const auto q = test::random_floats(static_cast<size_t>(6 * 4 * 16), 100 + step);
       std::vector<float> got(q.size()), want(q.size());
       execute_plan(plan, tree, shape, q, k, v, 0.25f, got, {}, kThreads);
       reference_attention(tree, shape, q, k, v, 0.25f, want, {}, kThreads);
       ASSERT_LE(test::rel_err(got, want), 1e-5) << "step " << step;
     }
+    if (variant == 3) {
+      EXPECT_EQ(folded, 30);
+      EXPECT_EQ(extended, 0);
+      continue;
+    }
+    EXPECT_EQ(folded, 0);
     EXPECT_GT(extended, 0);
     if (variant == 1) {
       EXPECT_GT(replanned, 0);  // chunks of the split plan outgrow their siblings
