@@ -202,6 +202,18 @@ void execute_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, 
         }
         std::vector<const float*> krows(kv_tile), vrows(kv_tile);
         std::vector<float> scores(kv_tile);
+        // Rows [r_begin, r_end) attend to the n gathered token rows (krows, vrows).
+        auto attend = [&](int64_t r_begin, int64_t r_end, int n) {
+          for (int64_t r = r_begin; r < r_end; ++r) {
+            const float* qr = qrows[r];
+            for (int j = 0; j < n; ++j) {
+              float dot = 0.0f;
+              for (int64_t c = 0; c < d; ++c) dot += qr[c] * krows[j][c];
+              scores[j] = dot * sm_scale;
+            }
+            states[r].update(std::span<const float>(scores.data(), n), [&](size_t j) { return vrows[j]; });
+          }
+        };
 
         // Segment cursor at the chunk's first token.
         const PlanSegment* seg_first = plan.segments.data() + plan.vnode_seg_begin[item.vnode];
@@ -223,15 +235,7 @@ void execute_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, 
             krows[j] = k.data() + (slot * hkv + kvh) * d;
             vrows[j] = v.data() + (slot * hkv + kvh) * d;
           }
-          for (int64_t r = 0; r < nrows; ++r) {
-            const float* qr = qrows[r];
-            for (int j = 0; j < n; ++j) {
-              float dot = 0.0f;
-              for (int64_t c = 0; c < d; ++c) dot += qr[c] * krows[j][c];
-              scores[j] = dot * sm_scale;
-            }
-            states[r].update(std::span<const float>(scores.data(), n), [&](size_t j) { return vrows[j]; });
-          }
+          attend(0, nrows, n);
         }
 
         // Private pieces: each piece's vnode context, for the g rows of its query only.
@@ -247,15 +251,7 @@ void execute_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, 
               krows[j] = k.data() + (piece_slots[t0 + j] * hkv + kvh) * d;
               vrows[j] = v.data() + (piece_slots[t0 + j] * hkv + kvh) * d;
             }
-            for (int64_t r = int64_t{piece.q_index} * g; r < int64_t{piece.q_index + 1} * g; ++r) {
-              const float* qr = qrows[r];
-              for (int j = 0; j < n; ++j) {
-                float dot = 0.0f;
-                for (int64_t c = 0; c < d; ++c) dot += qr[c] * krows[j][c];
-                scores[j] = dot * sm_scale;
-              }
-              states[r].update(std::span<const float>(scores.data(), n), [&](size_t j) { return vrows[j]; });
-            }
+            attend(int64_t{piece.q_index} * g, int64_t{piece.q_index + 1} * g, n);
           }
         }
 
