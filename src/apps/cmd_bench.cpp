@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -18,6 +19,7 @@
 #include "core/error.h"
 #include "core/tree_gen.h"
 #include "cuda/backend.h"
+#include "cuda/device_plan.h"
 #include "plan/per_request_plan.h"
 #include "plan/plan_stats.h"
 #include "plan/plan_validate.h"
@@ -42,9 +44,36 @@ struct BenchCmd {
   bool no_graph = false;
   std::string only;  // substring filter on the cell name
   std::string kv_layout = "slot";  // slot: [S, Hkv, d]; head: [Hkv, S, d]
+  bool diag = false;  // also time an empty launch once and each FastTree plan without its merge
 };
 
 using Cell = SuiteCell;
+
+// One line per timeline mark of an FT_TRACE run (CudaTiming::trace): over the CTAs that reached
+// it, min / median / max microseconds after the first tree-kernel CTA started.
+void print_trace(const std::vector<uint64_t>& tr) {
+  constexpr int kCtas = cuda_detail::kTraceCtas, kEvents = cuda_detail::kTraceEvents;
+  if (tr.size() != size_t{cuda_detail::kTraceKinds} * kCtas * kEvents) return;
+  uint64_t t0 = UINT64_MAX;
+  for (int c = 0; c < kCtas; ++c)
+    if (tr[c * kEvents] != 0) t0 = std::min(t0, tr[c * kEvents]);
+  if (t0 == UINT64_MAX) return;
+  const char* names[2][7] = {{"tree start", "records landed", "first tile issued", "first tile arrived", "first unit written",
+                              "consumers done", "producer done"},
+                             {"merge start", "merge waited", "merge done", "", "", "", ""}};
+  for (int kind = 0; kind < 2; ++kind)
+    for (int e = 0; e < 7 && names[kind][e][0] != 0; ++e) {
+      std::vector<double> v;
+      for (int c = 0; c < kCtas; ++c) {
+        const uint64_t t = tr[(static_cast<size_t>(kind) * kCtas + c) * kEvents + e];
+        if (t != 0) v.push_back(1e-3 * static_cast<double>(t - std::min(t, t0)));
+      }
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      fmt::print("  trace {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f} us\n", names[kind][e], v.size(), v.front(),
+                 v[v.size() / 2], v.back());
+    }
+}
 
 std::string spaced(const std::string& commas) {
   std::string s = commas;
@@ -85,6 +114,14 @@ void run_bench(const BenchCmd& c) {
   }
   fmt::print("{:<34} {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>8} {:>8}\n", "tree (levels | lens)", "heads",
              "dt", "fasttree", "per-req", "no-greedy", "no-split", "floor", "x", "TB/s", "best-anc", "rel-err");
+  if (c.diag) {
+    CudaTimingOptions t;
+    t.iters = c.iters;
+    t.warmup = c.warmup;
+    t.use_graph = !c.no_graph;
+    fmt::print("diag: empty kernel in this harness: {:.1f} us (1 CTA), {:.1f} us (264 CTAs)\n",
+               cuda_time_empty_launch(1, t).median_us, cuda_time_empty_launch(264, t).median_us);
+  }
   std::vector<double> over_floor;
   int failures = 0;
   for (const Cell& cell : cells) {
@@ -122,6 +159,18 @@ void run_bench(const BenchCmd& c) {
       CudaTimingOptions topt_ng = topt;
       topt_ng.use_graph = false;
       const double ft_nograph = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_ng).median_us;
+      if (c.diag) {
+        CudaTimingOptions topt_nm = topt;
+        topt_nm.skip_merge = true;
+        fmt::print("diag: {} {}/{}: fasttree {:.1f} us, without the merge {:.1f} us\n", cell.nodes_per_level,
+                   cell.shape.num_qo_heads, cell.shape.num_kv_heads, ft,
+                   cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_nm).median_us);
+        if (cuda_trace_built()) {
+          CudaTimingOptions topt_tr = topt;
+          topt_tr.trace = true;
+          print_trace(cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_tr).trace);
+        }
+      }
       double err = NAN;
       bool ok = !std::isnan(ft);
       if (c.check_queries > 0) {
@@ -177,6 +226,7 @@ void register_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
+  cmd->add_flag("--diag", c->diag, "Also time an empty kernel in the same harness, and each FastTree plan without its merge");
   cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
   cmd->add_option("--kv-layout", c->kv_layout, "K/V pool layout: slot ([S, Hkv, d]) or head ([Hkv, S, d], each head's slots contiguous)")
       ->check(CLI::IsMember({"slot", "head"}))->capture_default_str();

@@ -210,54 +210,19 @@ void cuda_attention_per_request(const KvTree& tree, const AttnShape& shape, KvDT
   run_on_device(plan, tree, shape, dtype, q, k, v, sm_scale, out, lse, options);
 }
 
-CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
-                          const CudaTimingOptions& options) {
-  FT_CHECK(cuda_device_count() > 0, "cuda_time_plan: no CUDA device available");
-  FT_CHECK(options.iters >= 1 && options.warmup >= 0, "cuda_time_plan: iters must be >= 1");
-  shape.validate();
-  const int64_t nq = tree.num_queries(), hq = shape.num_qo_heads, hkv = shape.num_kv_heads, d = shape.head_dim;
-  const int64_t num_slots = std::max<int64_t>(1, max_slot_plus_one(tree));
-  const int dt = dtype == KvDType::kF16 ? cuda_detail::kDTypeF16 : cuda_detail::kDTypeBF16;
-  Stream st;
-  DeviceBuffer dq(static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 2);
-  DeviceBuffer dk(static_cast<size_t>(num_slots * hkv * d) * 2), dv(static_cast<size_t>(num_slots * hkv * d) * 2);
-  DeviceBuffer dout(static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 4), dlse(static_cast<size_t>(std::max<int64_t>(1, nq * hq)) * 4);
-  constexpr size_t kFlushBytes = size_t{256} << 20;
-  DeviceBuffer flush(options.flush_l2 ? kFlushBytes : 0);
-  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dq.ptr, nq * hq * d, 1, st.s));
-  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dk.ptr, num_slots * hkv * d, 2, st.s));
-  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dv.ptr, num_slots * hkv * d, 3, st.s));
-  CudaTreeAttentionOptions opt;
-  opt.atomic_scheduler = options.atomic_scheduler;
-  opt.fuse_merge = options.fuse_merge;
-  opt.warp_unit_max_kv = options.warp_unit_max_kv;
-  opt.warp_unit_min_units = options.warp_unit_min_units;
-  opt.warp_overlap = options.warp_overlap;
-  opt.warp_staged = options.warp_staged;
-  opt.warp_stages = options.warp_stages;
-  opt.warp_cta_warps = options.warp_cta_warps;
-  opt.run_merge = !options.skip_merge;
-  if (options.kv_head_major) {
-    opt.kv_layout = KvLayout::kHeadMajor;
-    opt.kv_slots = num_slots;
-  }
-  CudaTreeAttention att(shape, dtype, 0.0f, opt);
-  att.upload(plan, tree, st.s, num_slots);
-  auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), dlse.as<float>(), st.s); };
-  std::unique_ptr<Graph> graph;
-  if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
-  auto launch = [&] {
-    if (graph) {
-      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
-    } else {
-      enqueue();
-    }
-  };
+namespace {
+
+constexpr size_t kFlushBytes = size_t{256} << 20;  // L2 flush buffer of the timings
+bool g_first_timing = true;                          // the first timing warms the GPU up longer
+
+// Median of CUDA-event timings of launch() (after options.warmup untimed runs), each preceded by
+// an L2 flush when options.flush_l2; before them the GPU is kept busy so that its clocks are up.
+template <class F>
+CudaTiming time_launches(Stream& st, DeviceBuffer& flush, F&& launch, const CudaTimingOptions& options) {
   // Clocks up: keep the GPU busy with flush-sized writes for a while (longer on the first call).
   {
-    static bool first_call = true;
-    const int ms = options.gpu_warmup_ms + (first_call ? 300 : 0);
-    first_call = false;
+    const int ms = options.gpu_warmup_ms + (g_first_timing ? 300 : 0);
+    g_first_timing = false;
     if (ms > 0 && flush.ptr != nullptr) {
       const auto t0 = std::chrono::steady_clock::now();
       while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < ms) {
@@ -297,4 +262,84 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   return result;
 }
 
+}  // namespace
+
+CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
+                          const CudaTimingOptions& options) {
+  FT_CHECK(cuda_device_count() > 0, "cuda_time_plan: no CUDA device available");
+  FT_CHECK(options.iters >= 1 && options.warmup >= 0, "cuda_time_plan: iters must be >= 1");
+  shape.validate();
+  const int64_t nq = tree.num_queries(), hq = shape.num_qo_heads, hkv = shape.num_kv_heads, d = shape.head_dim;
+  const int64_t num_slots = std::max<int64_t>(1, max_slot_plus_one(tree));
+  const int dt = dtype == KvDType::kF16 ? cuda_detail::kDTypeF16 : cuda_detail::kDTypeBF16;
+  Stream st;
+  DeviceBuffer dq(static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 2);
+  DeviceBuffer dk(static_cast<size_t>(num_slots * hkv * d) * 2), dv(static_cast<size_t>(num_slots * hkv * d) * 2);
+  DeviceBuffer dout(static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 4), dlse(static_cast<size_t>(std::max<int64_t>(1, nq * hq)) * 4);
+  DeviceBuffer flush(options.flush_l2 ? kFlushBytes : 0);
+  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dq.ptr, nq * hq * d, 1, st.s));
+  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dk.ptr, num_slots * hkv * d, 2, st.s));
+  FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dv.ptr, num_slots * hkv * d, 3, st.s));
+  CudaTreeAttentionOptions opt;
+  opt.atomic_scheduler = options.atomic_scheduler;
+  opt.fuse_merge = options.fuse_merge;
+  opt.warp_unit_max_kv = options.warp_unit_max_kv;
+  opt.warp_unit_min_units = options.warp_unit_min_units;
+  opt.warp_overlap = options.warp_overlap;
+  opt.warp_staged = options.warp_staged;
+  opt.warp_stages = options.warp_stages;
+  opt.warp_cta_warps = options.warp_cta_warps;
+  opt.run_merge = !options.skip_merge;
+  if (options.kv_head_major) {
+    opt.kv_layout = KvLayout::kHeadMajor;
+    opt.kv_slots = num_slots;
+  }
+  const size_t trace_bytes = options.trace ? size_t{cuda_detail::kTraceKinds} * cuda_detail::kTraceCtas * cuda_detail::kTraceEvents * 8 : 0;
+  DeviceBuffer trace(trace_bytes);
+  opt.trace = trace.as<unsigned long long>();
+  CudaTreeAttention att(shape, dtype, 0.0f, opt);
+  att.upload(plan, tree, st.s, num_slots);
+  auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), dlse.as<float>(), st.s); };
+  std::unique_ptr<Graph> graph;
+  if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
+  auto launch = [&] {
+    if (graph) {
+      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
+    } else {
+      enqueue();
+    }
+  };
+  CudaTiming result = time_launches(st, flush, launch, options);
+  if (options.trace) {  // one more run, from cleared marks and a flushed L2
+    FT_CUDA_CHECK(cudaMemsetAsync(trace.ptr, 0, trace_bytes, st.s));
+    if (options.flush_l2) FT_CUDA_CHECK(cudaMemsetAsync(flush.ptr, 0x5a, kFlushBytes, st.s));
+    launch();
+    result.trace.resize(trace_bytes / 8);
+    FT_CUDA_CHECK(cudaMemcpyAsync(result.trace.data(), trace.ptr, trace_bytes, cudaMemcpyDeviceToHost, st.s));
+    FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  }
+  return result;
+}
+
+bool cuda_trace_built() { return FT_TRACE != 0; }
+
+CudaTiming cuda_time_empty_launch(int grid, const CudaTimingOptions& options) {
+  FT_CHECK(cuda_device_count() > 0, "cuda_time_empty_launch: no CUDA device available");
+  FT_CHECK(grid >= 1 && options.iters >= 1 && options.warmup >= 0, "cuda_time_empty_launch: grid and iters must be >= 1");
+  Stream st;
+  DeviceBuffer flush(options.flush_l2 ? kFlushBytes : 0);
+  auto enqueue = [&] { FT_CUDA_CHECK(cuda_detail::empty_kernel_launch(grid, st.s)); };
+  std::unique_ptr<Graph> graph;
+  if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
+  auto launch = [&] {
+    if (graph) {
+      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
+    } else {
+      enqueue();
+    }
+  };
+  return time_launches(st, flush, launch, options);
+}
+
 }  // namespace fasttree
+

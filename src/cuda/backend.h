@@ -67,6 +67,10 @@ struct CudaTiming {
   double median_us = 0;
   double min_us = 0;
   int runs = 0;
+  // With CudaTimingOptions::trace in an FT_TRACE build: the marks of one more (flushed) run,
+  // [kind][cta][event] as in cuda/device_plan.h (kTraceKinds x kTraceCtas x kTraceEvents ns
+  // stamps, 0 = not reached).
+  std::vector<uint64_t> trace;
 };
 struct CudaTimingOptions {
   int warmup = 10;
@@ -85,8 +89,14 @@ struct CudaTimingOptions {
   int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
   bool kv_head_major = false;    // K/V pools laid out [Hkv, S, d] (KvLayout::kHeadMajor)
+  bool trace = false;            // also record one run's per-CTA timeline (FT_TRACE builds only)
 };
+// True when the kernels of this binary were built with their timeline marks (-DFASTTREE_TRACE=ON).
+bool cuda_trace_built();
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                           const CudaTimingOptions& options = {});
+// The same harness (flush, events, graph or plain launch) around one empty kernel of `grid` CTAs:
+// what a launch costs in these timings before any work.
+CudaTiming cuda_time_empty_launch(int grid, const CudaTimingOptions& options = {});
 
 }  // namespace fasttree

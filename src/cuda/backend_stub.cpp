@@ -35,4 +35,10 @@ CudaTiming cuda_time_plan(const Plan&, const KvTree&, const AttnShape&, KvDType,
   FT_FAIL("CUDA backend not available: this binary was built without nvcc");
 }
 
+bool cuda_trace_built() { return false; }
+
+CudaTiming cuda_time_empty_launch(int, const CudaTimingOptions&) {
+  FT_FAIL("CUDA backend not available: this binary was built without nvcc");
+}
+
 }  // namespace fasttree

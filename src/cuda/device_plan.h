@@ -75,6 +75,9 @@ struct BlockRecord {
   uint16_t priv_end[kMaxBlockRows];
 };
 inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
+// Records each CTA gathers before it knows the unit count (TreeKernelConfig::kLook <= this): the
+// record array has at least kMaxRecordLook x grid entries.
+inline constexpr int kMaxRecordLook = 5;
 static_assert(kRecordBytes == 1696 && kRecordBytes % 16 == 0);
 
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
@@ -85,6 +88,26 @@ struct DeviceCounts {
   int32_t num_orphans;    // non-direct queries with no partial row (empty paths: O = 0, LSE = -inf)
   int32_t num_all_units;  // blocks x kv heads; [num_units, num_all_units) run on the warp-per-unit kernel
 };
+
+#ifndef FT_TRACE  // -DFT_TRACE=1 (CMake -DFASTTREE_TRACE=ON): kernels with timeline marks
+#define FT_TRACE 0
+#endif
+
+// Diagnostics (cuda/trace.cuh, builds with FT_TRACE only): trace[kind][cta][event] holds %globaltimer
+// stamps in ns, 0 = not reached; kinds and events below.
+inline constexpr int kTraceCtas = 2048;
+inline constexpr int kTraceEvents = 8;
+enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
+enum TraceTreeEvent {
+  kTrStart = 0,        // producer: kernel entry
+  kTrRecords = 1,      // producer: the prologue's block records landed
+  kTrFirstIssue = 2,   // producer: the first tile's loads issued
+  kTrFirstFull = 3,    // consumer warp 0: the first tile's data arrived (full barrier)
+  kTrFirstUnit = 4,    // consumer warp 0: the first unit's rows written
+  kTrConsumerEnd = 5,  // consumer warp 0: no more tiles
+  kTrProducerEnd = 6,  // producer: done (after the work-counter bookkeeping)
+};
+enum TraceMergeEvent { kTrMergeStart = 0, kTrMergeWaited = 1, kTrMergeEnd = 2 };
 
 // Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] or [Hkv, S, d] (dtype T; kv strides below), out [Q, Hq, d] fp32,
 // lse [Q, Hq] fp32 (may be null), partial [rows, Hq, d] fp32, partial_lse [rows, Hq] fp32.
@@ -97,7 +120,7 @@ struct TreeAttnParams {
   float* partial;
   float* partial_lse;
   const DeviceCounts* counts;
-  const BlockRecord* records;  // [blocks], >= gridDim.x entries (the first unit's is read blind)
+  const BlockRecord* records;  // [blocks], >= kMaxRecordLook x gridDim.x entries (the first units' are read blind)
   const DeviceRun* runs;
   // Work counter [2] (claims, CTAs done), zero at launch; the last CTA to finish resets it for the
   // next launch. nullptr = static round-robin over units.
@@ -116,6 +139,7 @@ struct TreeAttnParams {
   // Slot-major [S, Hkv, d]: Hkv * d and d; head-major [Hkv, S, d]: d and S * d.
   int64_t kv_row_stride;
   int64_t kv_head_stride;
+  unsigned long long* trace;  // [kTraceKinds][kTraceCtas][kTraceEvents] or nullptr (FT_TRACE builds)
 };
 
 // Merge kernel: for each non-direct query q = merge_queries[i] and head h, the LSE-weighted
@@ -130,6 +154,7 @@ struct MergeParams {
   float* out;
   float* lse;  // may be null
   int num_qo_heads;
+  unsigned long long* trace;  // as TreeAttnParams::trace
 };
 
 }  // namespace fasttree::cuda_detail

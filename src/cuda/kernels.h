@@ -46,6 +46,10 @@ int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stre
 // wide: merge_kernel_wide (one CTA per job; plans with many partial rows per job).
 int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide);
 
+// An empty kernel of `grid` CTAs x 32 threads (benchmarks: the cost of one launch in the timing
+// harness itself).
+int empty_kernel_launch(int grid, CUstream_st* stream);
+
 // Fills n 16-bit values (dtype) with a deterministic pseudo-random uniform [-1, 1) sequence.
 int fill_uniform_launch(int dtype, void* data, int64_t n, uint64_t seed, CUstream_st* stream);
 

@@ -11,7 +11,7 @@
 // lane in flight. Partials are read with ld.global.cg (L2): in the fused merge other CTAs wrote
 // them during this launch, and L1 is not coherent.
 //
-// merge_group_online (the separate merge kernel's): one pass with a running maximum, 8 rows' LSEs
+// merge_rows_online (the separate merge kernels'): one pass with a running maximum, 8 rows' LSEs
 // and data loaded together, the next rows' ids prefetched: fewer dependent L2 round trips for
 // queries with many partial rows (PERF_NOTES.md).
 //
@@ -23,6 +23,7 @@
 
 #include "cuda/device_plan.h"
 #include "cuda/ptx.cuh"
+#include "cuda/trace.cuh"
 
 namespace fasttree::cuda_detail {
 
@@ -151,18 +152,26 @@ struct MergeState {
 // smaller footprint does not make the tree kernel spill.)
 // It merges rows merge_rows[rb .. rb + n) into a MergeState (not yet normalized; lane k of its
 // group of kLpj lanes holds float4 columns k and k + kLpj).
+// The row ids of the first step (merge_rows[rb .. rb + min(n, kStep)), -1 beyond n): plan data,
+// which the separate merge kernel loads before it waits for the tree kernel's partials.
+template <int D>
+__device__ __forceinline__ void first_merge_rows(const int32_t* __restrict__ merge_rows, int rb, int n,
+                                                 int (&rows)[MergeShape<D>::kStep]) {
+#pragma unroll
+  for (int j = 0; j < MergeShape<D>::kStep; ++j) rows[j] = j < n ? __ldg(merge_rows + rb + j) : -1;
+}
+
+// rows: the first step's ids from first_merge_rows (consumed).
 template <int D>
 __device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restrict__ merge_rows, const float* partial,
-                                                        const float* partial_lse, int hq, int h, int rb, int n, int k) {
-  constexpr int kLpj = MergeShape<D>::kLpj;
+                                                        const float* partial_lse, int hq, int h, int rb, int n, int k,
+                                                        int (&rows)[MergeShape<D>::kStep]) {
   constexpr int kStep = MergeShape<D>::kStep;
+  constexpr int kLpj = MergeShape<D>::kLpj;
   constexpr float kLog2e = 1.4426950408889634f;
   const float ninf = __int_as_float(0xff800000);
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float sum = 0.0f, mx = ninf;  // running max of lse (natural log units) and Σ 2^((lse - mx) log2 e)
-  int rows[kStep];
-#pragma unroll
-  for (int j = 0; j < kStep; ++j) rows[j] = j < n ? __ldg(merge_rows + rb + j) : -1;
   for (int i0 = 0; i0 < n; i0 += kStep) {  // n is the same in every lane of the group
     float l[kStep];
     float4 x[kStep][2];
@@ -207,36 +216,58 @@ __device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restric
   return MergeState{{acc[0], acc[1]}, sum, mx};
 }
 
+// A merge job's plan data: query, head, its merge rows [rb, rb + n) (n = 0: inactive) and the
+// first step's row ids.
 template <int D>
-__device__ __forceinline__ void merge_group_online(const int32_t* __restrict__ merge_rows, const float* partial,
-                                                   const float* partial_lse, float* out, float* lse, int hq,
-                                                   bool active, int q, int h, int rb, int n, int lane) {
-  const int k = lane % MergeShape<D>::kLpj;
-  const MergeState st = merge_rows_online<D>(merge_rows, partial, partial_lse, hq, h, rb, active ? n : 0, k);
-  if (active) merge_store<D>(out, lse, hq, q, h, k, st.acc, st.sum, st.mx);
-}
+struct MergeJob {
+  int q = 0, h = 0, rb = 0, n = 0;
+  int rows[MergeShape<D>::kStep];
 
-template <int D>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
-  griddep_wait();  // launched as a programmatic dependent of the tree kernel: its partials first
-  constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
-  const int hq = p.num_qo_heads;
-  const int total = p.counts->num_merge * hq;
-  const int lane = threadIdx.x % 32;
-  const int warp = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32;
-  const int warps = gridDim.x * (kMergeThreads / 32);
-  for (int j0 = warp * kJpw; j0 < total; j0 += warps * kJpw) {  // warp-uniform
-    const int job = j0 + lane / kLpj;
-    const bool active = job < total;
-    int q = 0, h = 0, rb = 0, n = 0;
-    if (active) {
+  __device__ void load(const MergeParams& p, int job, int total, int hq) {
+    q = h = rb = n = 0;
+    if (job < total) {
       q = p.merge_queries[job / hq];
       h = job % hq;
       rb = p.merge_begin[q];
       n = p.merge_begin[q + 1] - rb;
     }
-    merge_group_online<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, hq, active, q, h, rb, n, lane);
   }
+  // Narrows the job to its rows [b, e) (the wide kernel's lane groups) and loads their first ids.
+  __device__ void first_rows(const MergeParams& p, int b, int e) {
+    rb += b;
+    n = e - b;
+    first_merge_rows<D>(p.merge_rows, rb, n, rows);
+  }
+};
+
+// Every chain of plan loads (counts -> merge_queries -> merge_begin -> merge_rows) for a CTA's first
+// job runs before griddep_wait: as a programmatic dependent, the kernel's CTAs do that while the
+// tree kernel drains, and only the partial rows are read after the wait.
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
+  constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
+  const int hq = p.num_qo_heads;
+  const int total = p.counts->num_merge * hq;
+  const int lane = threadIdx.x % 32, k = lane % kLpj;
+  const int warp = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32;
+  const int warps = gridDim.x * (kMergeThreads / 32);
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeStart);
+  MergeJob<D> job;
+  int j0 = warp * kJpw;
+  job.load(p, j0 + lane / kLpj, total, hq);
+  job.first_rows(p, 0, job.n);
+  griddep_wait();  // launched as a programmatic dependent of the tree kernel: its partials first
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeWaited);
+  for (; j0 < total; j0 += warps * kJpw) {  // warp-uniform
+    if (j0 != warp * kJpw) {
+      job.load(p, j0 + lane / kLpj, total, hq);
+      job.first_rows(p, 0, job.n);
+    }
+    const MergeState st = merge_rows_online<D>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
+    if (j0 + lane / kLpj < total)  // active (a job with no rows stores O = 0, LSE = -inf)
+      merge_store<D>(p.out, p.lse, hq, job.q, job.h, k, st.acc, st.sum, st.mx);
+  }
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeEnd);
 }
 
 // merge_kernel_wide: the separate launch for plans with many partial rows per job (few queries
@@ -246,7 +277,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
 // instead of one per 8 rows.
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergeParams p) {
-  griddep_wait();
   constexpr int kLpj = MergeShape<D>::kLpj;
   constexpr int kGroups = kMergeThreads / kLpj;  // 32, 16, 8
   constexpr float kLog2e = 1.4426950408889634f;
@@ -256,14 +286,25 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergePa
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;
   const int grp = threadIdx.x / kLpj, k = threadIdx.x % kLpj;
+  MergeJob<D> jb;
+  // This group's share [b, e) of a job's n rows.
+  auto narrow = [&] {
+    const int n = jb.n, share = (n + kGroups - 1) / kGroups;
+    const int b = min(n, grp * share);
+    jb.first_rows(p, b, min(n, b + share));
+  };
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeStart);
+  jb.load(p, blockIdx.x, total, hq);  // plan data before the wait (see merge_kernel)
+  narrow();
+  griddep_wait();
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeWaited);
   for (int job = blockIdx.x; job < total; job += gridDim.x) {  // CTA-uniform
-    const int q = p.merge_queries[job / hq];
-    const int h = job % hq;
-    const int rb = p.merge_begin[q];
-    const int n = p.merge_begin[q + 1] - rb;
-    const int share = (n + kGroups - 1) / kGroups;
-    const int b = min(n, grp * share), e = min(n, b + share);
-    const MergeState st = merge_rows_online<D>(p.merge_rows, p.partial, p.partial_lse, hq, h, rb + b, e - b, k);
+    if (job != static_cast<int>(blockIdx.x)) {
+      jb.load(p, job, total, hq);
+      narrow();
+    }
+    const int q = jb.q, h = jb.h;
+    const MergeState st = merge_rows_online<D>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
     s_acc[grp][k] = st.acc[0];
     s_acc[grp][k + kLpj] = st.acc[1];
     if (k == 0) s_ms[grp] = make_float2(st.mx, st.sum);
@@ -292,6 +333,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergePa
     }
     __syncthreads();  // the next job overwrites s_acc / s_ms
   }
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeEnd);
 }
 
 }  // namespace fasttree::cuda_detail

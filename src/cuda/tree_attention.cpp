@@ -25,7 +25,9 @@ std::string str(int64_t x) { return std::to_string(x); }
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Sections of the device plan arena, in arena order.
-enum Section { kCounts, kRecords, kRuns, kMergeQueries, kMergeBegin, kMergeRows, kOrphans, kNumSections };
+// Records last: upload() copies the arena up to the records in use, and the kernel may read (and
+// discard) records past them, up to kMaxRecordLook x grid, without waiting for the counts.
+enum Section { kCounts, kRuns, kMergeQueries, kMergeBegin, kMergeRows, kOrphans, kRecords, kNumSections };
 constexpr size_t kSectionAlign = 256;
 
 int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
@@ -450,8 +452,9 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     m.upload_pending = false;
   }
   m.used[kCounts] = sizeof(DeviceCounts);
-  // >= grid records: each CTA gathers its first unit's record before it knows num_units.
-  const int64_t num_records = std::max<int64_t>(num_blocks, m.grid);
+  // Capacity >= kMaxRecordLook x grid records: each CTA gathers its first units' records before it
+  // knows num_units (only the num_blocks in use are copied; the rest is read and discarded).
+  const int64_t num_records = std::max<int64_t>(num_blocks, int64_t{kMaxRecordLook} * m.grid);
   m.used[kRecords] = static_cast<size_t>(num_records) * sizeof(BlockRecord);
   m.used[kRuns] = static_cast<size_t>(num_runs) * sizeof(DeviceRun);
   m.used[kMergeQueries] = static_cast<size_t>(num_merge) * sizeof(int32_t);
@@ -532,7 +535,6 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     }
     if (pass == 0) num_main_blocks = b;
   }
-  for (; b < num_records; ++b) records[b].desc = BlockDesc{};
   DeviceCounts* counts = m.host_section<DeviceCounts>(kCounts);
   *counts = DeviceCounts{static_cast<int32_t>(num_main_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge),
                          static_cast<int32_t>(num_orphans), static_cast<int32_t>(num_blocks * sh.num_kv_heads)};
@@ -546,7 +548,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   std::memcpy(m.host_section<void>(kMergeBegin), plan.merge_begin.data(), m.used[kMergeBegin]);
   if (!plan.merge_rows.empty()) std::memcpy(m.host_section<void>(kMergeRows), plan.merge_rows.data(), m.used[kMergeRows]);
 
-  const size_t bytes = m.off[kOrphans] + m.used[kOrphans];
+  const size_t bytes = m.off[kRecords] + static_cast<size_t>(num_blocks) * sizeof(BlockRecord);
   FT_CUDA_CHECK(cudaMemcpyAsync(m.arena, m.staging, bytes, cudaMemcpyHostToDevice, stream));
   FT_CUDA_CHECK(cudaEventRecord(m.upload_done, stream));
   m.upload_pending = true;
@@ -592,6 +594,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.records = m.device_section<BlockRecord>(kRecords);
     p.runs = m.device_section<DeviceRun>(kRuns);
     p.work_counter = m.options.atomic_scheduler ? m.counter : nullptr;
+    p.trace = m.options.trace;
     if (fused) {
       p.merge_count = m.merge_count;
       p.merge_rows = m.device_section<int32_t>(kMergeRows);
@@ -637,6 +640,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     mp.out = out;
     mp.lse = lse;
     mp.num_qo_heads = m.shape.num_qo_heads;
+    mp.trace = m.options.trace;
     // The wide kernel: grid-stride over jobs with up to 8 CTAs per SM.
     FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_wide ? 2 * m.merge_grid : m.merge_grid, stream,
                                       m.merge_pdl && merge_follows_kernel, m.merge_wide));

@@ -99,7 +99,10 @@ struct CudaTreeAttentionOptions {
   // per merged query.
   int merge_wide = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
-  int64_t kv_slots = 0;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
+  int64_t kv_slots = 0;
+  // Diagnostics: device buffer of kTraceKinds x kTraceCtas x kTraceEvents uint64 (device_plan.h)
+  // that FT_TRACE builds of the kernels fill with per-CTA timeline marks; nullptr = none.
+  unsigned long long* trace = nullptr;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 128;
 inline constexpr int kDefaultWideMergeRows = 16;

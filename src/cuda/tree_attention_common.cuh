@@ -7,6 +7,7 @@
 
 #include "cuda/device_plan.h"
 #include "cuda/ptx.cuh"
+#include "cuda/trace.cuh"
 
 namespace fasttree::cuda_detail {
 
@@ -23,6 +24,7 @@ struct TreeKernelConfig {
   // Block records are gathered kLook units ahead into a ring of kRecSlots (tree_attention_producer.cuh).
   static constexpr int kLook = kStages + 1;
   static constexpr int kRecSlots = kStages + 2;
+  static_assert(kLook <= kMaxRecordLook);
   static constexpr int kConsumerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + 32;
   static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets

@@ -480,8 +480,10 @@ struct Consumer {
   __device__ void run() {
     int stage = 0;
     uint32_t parity = 0;
+    [[maybe_unused]] int tiles_seen = 0, units_done = 0;  // FT_TRACE marks only
     for (;;) {
       mbar_wait(&s.full[stage], parity);
+      if (FT_TRACE && warp == 0 && lane == 0 && tiles_seen++ == 0) trace_mark(p.trace, kTraceTree, kTrFirstFull);
       // Broadcast from lane 0: the compiler then knows every field is warp-uniform, so the wgmma
       // path is not treated as divergent (which would serialize its wgmmas).
       const int4 sm = s.meta[stage];
@@ -516,12 +518,14 @@ struct Consumer {
         }
         merge_tail(qslot, rows, kvh);
       }
+      if (FT_TRACE && last && warp == 0 && lane == 0 && units_done++ == 0) trace_mark(p.trace, kTraceTree, kTrFirstUnit);
       mbar_arrive(&s.empty[stage]);  // every thread, after its last read of the stage
       if (++stage == Cfg::kStages) {
         stage = 0;
         parity ^= 1;
       }
     }
+    if (warp == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrConsumerEnd);
     if (p.merge_count != nullptr) zero_orphans();
   }
 };

@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
   griddep_launch_dependents();
   // Barrier 0 (all kThreads threads) is reached from both role branches, once each (non-aligned form).
   if (warp == 4) {
+    if (lane == 0) trace_mark(p.trace, kTraceTree, kTrStart);
     Producer<T, D> prod(p, s, lane);
     prod.prologue();
     named_barrier_split(0, Cfg::kThreads);

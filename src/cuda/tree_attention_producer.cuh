@@ -5,7 +5,8 @@
 //
 // Unit sequence: the CTA's units seq = 0, 1, ... are blockIdx.x + seq * grid for seq < kLook (and
 // always with the static scheduler); later ones come from the atomic counter (offset by
-// kLook * grid), each claim issued one unit before its result is needed.
+// kLook * grid), each claim issued one unit before its result is needed. Plans of at most
+// kLook * grid units never touch the counter (uses_counter).
 //
 // Per-unit data: a BlockRecord (device_plan.h: descriptor, first 32 slot runs, per-row query
 // info) is gathered with cp.async into record slot seq % kRecSlots, kLook = kStages + 1 units
@@ -69,7 +70,13 @@ struct Producer {
       so[j] = static_cast<uint32_t>(swz64<D>(row, chunk * 8) * 2);  // row < 8
     }
     num_units = p.counts->num_units;
-    if (p.work_counter != nullptr && lane == 0) pending = claim();
+  }
+
+  // Whether any unit comes from the atomic counter (the same answer in every CTA): with at most
+  // kLook units per CTA, none is claimed and the counter is never touched, so small plans pay
+  // neither the claims nor the done count at the end.
+  __device__ bool uses_counter() const {
+    return p.work_counter != nullptr && num_units > Cfg::kLook * static_cast<int>(gridDim.x);
   }
 
   // Shared byte offset of this lane's chunk in copy pass ps of a tile.
@@ -85,6 +92,13 @@ struct Producer {
     return u;
   }
 
+  // The first claim (lane 0), after the prologue's records are on their way; without claims,
+  // pending = kLook * grid >= num_units ends the unit sequence after the static units.
+  __device__ void first_claim() {
+    pending = Cfg::kLook * static_cast<int>(gridDim.x);
+    if (lane == 0 && uses_counter()) pending = claim();
+  }
+
   __device__ int claim() const { return Cfg::kLook * static_cast<int>(gridDim.x) + atomicAdd(p.work_counter, 1); }
 
   __device__ uint32_t rec_addr(int seq) const {
@@ -92,8 +106,8 @@ struct Producer {
   }
 
   // Gathers unit `unit`'s block record into record slot seq % kRecSlots (nothing for no unit).
-  // blind: skip the unit < num_units check (the first unit: the record array has >= grid entries),
-  // so the copy does not wait for the counts.
+  // blind: skip the unit < num_units check (the prologue: the record array has >= kMaxRecordLook x
+  // grid entries), so the copy does not wait for the counts.
   __device__ void issue_record(int seq, int unit, bool blind = false) const {
     if (lane == 0) s.rec_unit[seq % Cfg::kRecSlots] = unit;
     __syncwarp();
@@ -294,17 +308,20 @@ struct Producer {
     mbar_arrive(&s.full[stage]);
   }
 
-  // Before the CTA barrier: the records of units 0 .. kLook - 1 (static ids; the first one blind,
-  // the others once the counts have arrived). Writes only the record ring (and its unit ids),
-  // which nothing else touches before the barrier.
+  // Before the CTA barrier: the records of units 0 .. kLook - 1 (static ids), all blind (the
+  // record array has >= kLook * grid entries), so that no copy waits for the counts: the first
+  // tile's loads are one global round trip after the launch, not two. Writes only the record
+  // ring (and its unit ids), which nothing else touches before the barrier.
   __device__ void prologue() {
-#pragma unroll 1
-    for (int seq = 0; seq < Cfg::kLook; ++seq) issue_record(seq, take(seq), seq == 0);
+#pragma unroll
+    for (int seq = 0; seq < Cfg::kLook; ++seq) issue_record(seq, take(seq), true);
+    first_claim();
   }
 
   __device__ void run() {
     cp_async_wait_all();  // the prologue's records
     __syncwarp();
+    if (lane == 0) trace_mark(p.trace, kTraceTree, kTrRecords);
     UnitCtx a;
     bool partial = false;  // the current unit writes partial rows
     int stage = 0;
@@ -328,6 +345,7 @@ struct Producer {
                         (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8) |
                         (pt + count > 0 ? TileMetaBits::kPriv | ((pt + 64) << 16) : 0);
       publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
+      if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstIssue);
       if (t == 0) issue_record(seq + Cfg::kLook, take(seq + Cfg::kLook));  // into unit seq - 1's slot
       if (++stage == Cfg::kStages) {
         stage = 0;
@@ -345,7 +363,7 @@ struct Producer {
     cp_async_wait_all();
     // The last CTA to get here resets the work counter for the next launch: every claim of every
     // CTA precedes its own increment of the done count.
-    if (p.work_counter != nullptr && lane == 0) {
+    if (uses_counter() && lane == 0) {
       __threadfence();
       if (atomicAdd(p.work_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
         __threadfence();
@@ -353,6 +371,7 @@ struct Producer {
         atomicExch(p.work_counter + 1, 0);
       }
     }
+    if (lane == 0) trace_mark(p.trace, kTraceTree, kTrProducerEnd);
   }
 };
 
