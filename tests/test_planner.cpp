@@ -2,6 +2,8 @@
 // every policy, and validate_plan's ability to reject corrupted plans.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <random>
 
 #include "core/error.h"
@@ -271,6 +273,62 @@ TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
   EXPECT_EQ(plan.privates.size(), 16u);
 }
 
+// Largest group of queries sharing one vnode.
+int max_vnode_queries(const Plan& plan) {
+  int m = 0;
+  for (size_t v = 0; v + 1 < plan.vnode_q_begin.size(); ++v) m = std::max(m, plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v]);
+  return m;
+}
+
+// Per-query mode: GQA >= 16, few queries, short paths -> each query's whole path is its own vnode
+// (no sharing, no partial rows unless split); otherwise the greedy tree plan shares the root.
+TEST(Planner, PerQueryModeForSmallBatchesAtGqa16) {
+  const KvTree t = root_with_leaves(64, 16, 32);
+  PlannerConfig cfg;
+  cfg.min_chunk = 256;  // paths of 96 tokens: never split
+  Plan plan;
+  Planner(cfg).build(t, AttnShape{16, 1, 128}, plan);
+  validate_plan(plan, t);
+  EXPECT_EQ(max_vnode_queries(plan), 1);
+  EXPECT_EQ(plan.num_vnodes(), 16);
+  for (int v = 0; v < plan.num_vnodes(); ++v) EXPECT_EQ(plan.vnode_len[v], 96);
+  EXPECT_EQ(plan.num_partial_rows, 0);  // every query direct: no merge
+  const auto shares_root = [&](PlannerConfig c, AttnShape shape) {
+    Plan p;
+    Planner(c).build(t, shape, p);
+    validate_plan(p, t);
+    return max_vnode_queries(p) == 16;
+  };
+  EXPECT_TRUE(shares_root(cfg, AttnShape{8, 1, 128}));  // g = 8 < per_query_min_gqa
+  PlannerConfig c = cfg;
+  c.per_query_max_path = 95;  // a path is longer
+  EXPECT_TRUE(shares_root(c, AttnShape{16, 1, 128}));
+  c = cfg;
+  c.num_sms = 7;  // 16 queries x 1 KV head > 2 x 7
+  EXPECT_TRUE(shares_root(c, AttnShape{16, 1, 128}));
+  c = cfg;
+  c.per_query_max_path = 0;  // off
+  EXPECT_TRUE(shares_root(c, AttnShape{16, 1, 128}));
+  c = cfg;
+  c.edges = EdgePolicy::kAllZero;  // ablations keep their policy
+  Planner(c).build(t, AttnShape{16, 1, 128}, plan);
+  EXPECT_EQ(plan.num_vnodes(), 17);
+  // Fewer units than SMs: the per-query paths are split into chunks (and merged).
+  c = cfg;
+  c.min_chunk = 16;
+  Planner(c).build(t, AttnShape{16, 1, 128}, plan);
+  validate_plan(plan, t);
+  EXPECT_EQ(max_vnode_queries(plan), 1);
+  EXPECT_GT(plan.num_partial_rows, 0);
+  EXPECT_THROW(
+      [] {
+        PlannerConfig bad;
+        bad.per_query_min_gqa = 0;
+        Planner{bad};
+      }(),
+      Error);
+}
+
 PlannerConfig random_config(std::mt19937_64& rng) {
   PlannerConfig cfg;
   const int policy = static_cast<int>(rng() % 3);
@@ -284,6 +342,9 @@ PlannerConfig random_config(std::mt19937_64& rng) {
   cfg.fold_max = rng() % 2 == 0 ? static_cast<int32_t>(rng() % (kMaxFoldTokens + 1)) : 0;
   cfg.fold_min_rows = static_cast<int32_t>(rng() % 3) * 16;
   cfg.fold_min_waves = static_cast<double>(rng() % 3);
+  cfg.per_query_max_path = std::array<int64_t, 3>{0, 60, 600}[rng() % 3];
+  cfg.per_query_min_gqa = 1 << (rng() % 5);
+  cfg.per_query_max_waves = static_cast<double>(rng() % 4);
   return cfg;
 }
 

@@ -45,6 +45,7 @@ struct BenchCmd {
   std::string only;  // substring filter on the cell name
   std::string kv_layout = "slot";  // slot: [S, Hkv, d]; head: [Hkv, S, d]
   bool diag = false;  // also time an empty launch once and each FastTree plan without its merge
+  bool no_flush = false;  // diagnostics: no L2 flush before the timed runs (inputs and code stay cached)
 };
 
 using Cell = SuiteCell;
@@ -58,11 +59,14 @@ void print_trace(const std::vector<uint64_t>& tr) {
   for (int c = 0; c < kCtas; ++c)
     if (tr[c * kEvents] != 0) t0 = std::min(t0, tr[c * kEvents]);
   if (t0 == UINT64_MAX) return;
-  const char* names[2][7] = {{"tree start", "records landed", "first tile issued", "first tile arrived", "first unit written",
-                              "consumers done", "producer done"},
-                             {"merge start", "merge waited", "merge done", "", "", "", ""}};
+  // Tree events in time order (cuda/device_plan.h TraceTreeEvent), then the merge's.
+  const std::vector<std::pair<int, const char*>> order[2] = {
+      {{0, "tree start"}, {1, "records landed"}, {7, "first record read"}, {8, "first Q issued"}, {9, "first K/V begin"},
+       {10, "first K/V issued"}, {2, "first tile published"}, {3, "first tile arrived"}, {4, "first unit written"},
+       {5, "consumers done"}, {6, "producer done"}},
+      {{0, "merge start"}, {1, "merge waited"}, {2, "merge done"}}};
   for (int kind = 0; kind < 2; ++kind)
-    for (int e = 0; e < 7 && names[kind][e][0] != 0; ++e) {
+    for (const auto& [e, name] : order[kind]) {
       std::vector<double> v;
       for (int c = 0; c < kCtas; ++c) {
         const uint64_t t = tr[(static_cast<size_t>(kind) * kCtas + c) * kEvents + e];
@@ -70,7 +74,7 @@ void print_trace(const std::vector<uint64_t>& tr) {
       }
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());
-      fmt::print("  trace {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f} us\n", names[kind][e], v.size(), v.front(),
+      fmt::print("  trace {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f} us\n", name, v.size(), v.front(),
                  v[v.size() / 2], v.back());
     }
 }
@@ -119,6 +123,7 @@ void run_bench(const BenchCmd& c) {
     t.iters = c.iters;
     t.warmup = c.warmup;
     t.use_graph = !c.no_graph;
+    t.flush_l2 = !c.no_flush;
     fmt::print("diag: empty kernel in this harness: {:.1f} us (1 CTA), {:.1f} us (264 CTAs)\n",
                cuda_time_empty_launch(1, t).median_us, cuda_time_empty_launch(264, t).median_us);
   }
@@ -151,6 +156,7 @@ void run_bench(const BenchCmd& c) {
       topt.iters = c.iters;
       topt.warmup = c.warmup;
       topt.use_graph = !c.no_graph;
+      topt.flush_l2 = !c.no_flush;
       topt.kv_head_major = c.kv_layout == "head";
       const double ft = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt).median_us;
       const double pr = cuda_time_plan(per_request, cell.tree, cell.shape, dt, topt).median_us;
@@ -226,6 +232,7 @@ void register_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
+  cmd->add_flag("--no-flush", c->no_flush, "Diagnostics: do not flush the L2 cache before each timed run");
   cmd->add_flag("--diag", c->diag, "Also time an empty kernel in the same harness, and each FastTree plan without its merge");
   cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
   cmd->add_option("--kv-layout", c->kv_layout, "K/V pool layout: slot ([S, Hkv, d]) or head ([Hkv, S, d], each head's slots contiguous)")

@@ -96,7 +96,7 @@ struct DeviceCounts {
 // Diagnostics (cuda/trace.cuh, builds with FT_TRACE only): trace[kind][cta][event] holds %globaltimer
 // stamps in ns, 0 = not reached; kinds and events below.
 inline constexpr int kTraceCtas = 2048;
-inline constexpr int kTraceEvents = 8;
+inline constexpr int kTraceEvents = 12;
 enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
 enum TraceTreeEvent {
   kTrStart = 0,        // producer: kernel entry
@@ -106,6 +106,10 @@ enum TraceTreeEvent {
   kTrFirstUnit = 4,    // consumer warp 0: the first unit's rows written
   kTrConsumerEnd = 5,  // consumer warp 0: no more tiles
   kTrProducerEnd = 6,  // producer: done (after the work-counter bookkeeping)
+  kTrFirstRecord = 7,  // producer: the first unit's record read (shared -> registers)
+  kTrFirstQ = 8,       // producer: the first unit's Q loads issued
+  kTrFirstKvBegin = 9,  // producer: the first tile's K/V slots resolved, before its copies
+  kTrFirstKvEnd = 10,   // producer: the first tile's K/V copies issued (before its publish)
 };
 enum TraceMergeEvent { kTrMergeStart = 0, kTrMergeWaited = 1, kTrMergeEnd = 2 };
 

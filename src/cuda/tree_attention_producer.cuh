@@ -232,7 +232,8 @@ struct Producer {
 
   // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
   // [count, round_up(count, 16)) are zeroed, rows beyond are never read (wgmma runs full tiles only).
-  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage) const {
+  // mark: FT_TRACE builds stamp kTrFirstKvBegin / kTrFirstKvEnd around the copies.
+  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage, bool mark = false) const {
     const T* kg = static_cast<const T*>(p.k);
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
@@ -249,6 +250,7 @@ struct Producer {
       const int64_t off0 = (slot0 + sub) * row_stride + col_off;
       const T* kp = kg + off0;
       const T* vp = vg + off0;
+      if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
       if (count == kN) {
         // Full tile (the common case of long contexts): no row checks; each address is one
         // 32-bit multiply-add onto the lane's K or V base (the pass's row offset in bytes is
@@ -261,6 +263,7 @@ struct Producer {
           cp_async_16_full(sk + pass_off(ps), kb + ps * step);
           cp_async_16_full(sv + pass_off(ps), vb + ps * step);
         }
+        if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
         return;
       }
 #pragma unroll
@@ -272,6 +275,7 @@ struct Producer {
           cp_async_16(sv + pass_off(ps), valid ? vp + o : vg, valid ? 16 : 0);
         }
       }
+      if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
       return;
     }
     // Slow path: slots of rows lane (slot[0]) and lane + 32 (slot[1]).
@@ -333,13 +337,15 @@ struct Producer {
         const int unit = s.rec_unit[seq % Cfg::kRecSlots];
         if (unit >= num_units) break;
         read_record(a, seq, unit);
+        if (FT_TRACE && seq == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstRecord);
         ntiles = (a.d.kv_len + kN - 1) / kN;
       }
       const bool last = t == ntiles - 1;
       const int count = min(kN, a.d.kv_len - t * kN);
       const int qslot = seq % Cfg::kStages;
       if (t == 0) partial = issue_q(a, qslot);
-      issue_kv(a, t, count, stage);
+      if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstQ);
+      issue_kv(a, t, count, stage, FT_TRACE && seq == 0 && t == 0);
       const int pt = t * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
       const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
                         (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8) |

@@ -41,7 +41,7 @@ enum class EdgePolicy {
 // Every constant of the planner. Defaults: `fasttree calibrate` on the H200 (bench/results/
 // h200-calibration.csv; README "Calibration"): alpha 0.33, beta 0.33, gamma 0.1, min_chunk 128,
 // split_waves 2, tile classes 64 and 16 rows (fitted without leaf folding); fold_max 128 and its
-// two guards from the A/B runs in src/cuda/PERF_NOTES.md.
+// guards, and the per-query mode, from the A/B runs in src/cuda/PERF_NOTES.md.
 struct PlannerConfig {
   // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
   // SplitKV pays gamma per query that gets one more partial result; SplitQ (concatenating a child
@@ -78,6 +78,17 @@ struct PlannerConfig {
   int32_t fold_min_rows = 16;
   int32_t fold_narrow_tokens = 128;
   double fold_min_waves = 1.5;
+  // Per-query mode (greedy edges only): when a query alone fills a query tile (GQA >= 16), every
+  // query's path has at most per_query_max_path tokens and the queries x KV heads number at most
+  // per_query_max_waves x num_sms, every query gets its own path as one vnode (the kAllOne
+  // grouping), split only when there are fewer such units than SMs. Such plans are one round of
+  // short units with no partial rows and no merge launch (re-read shared tokens hit L2); the tree
+  // plan's dependent phases (shared nodes, then leaves, then the merge) cost more latency there
+  // (H200 paper suite: 16/1 cells 21.4 -> 16.3, 18.9 -> 15.8, 24.3 -> 18.3, 26.7 -> 24.5 us;
+  // src/cuda/PERF_NOTES.md). per_query_max_path = 0: off.
+  int32_t per_query_min_gqa = 16;
+  int64_t per_query_max_path = 600;
+  double per_query_max_waves = 2.0;
 };
 
 inline constexpr int32_t kMaxFoldTokens = 256;

@@ -109,6 +109,8 @@ void check_config(const PlannerConfig& c) {
            "planner: fold_max must be in [0, " + std::to_string(kMaxFoldTokens) + "], got " + std::to_string(c.fold_max));
   FT_CHECK(c.fold_min_rows >= 0 && c.fold_min_waves >= 0 && c.fold_narrow_tokens >= 0,
            "planner: fold_min_rows, fold_min_waves and fold_narrow_tokens must be >= 0");
+  FT_CHECK(c.per_query_min_gqa >= 1 && c.per_query_max_path >= 0 && c.per_query_max_waves >= 0,
+           "planner: per_query_min_gqa must be >= 1, per_query_max_path and per_query_max_waves >= 0");
 }
 
 
@@ -128,10 +130,27 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
   plan.tile_classes = config_.tile_classes;
   plan.num_tile_classes = config_.num_tile_classes;
 
+  edges_ = config_.edges;
+  split_ = config_.split;
+  if (per_query_mode(tree, g, shape.num_kv_heads)) {
+    edges_ = EdgePolicy::kAllOne;
+    split_ = config_.split && int64_t{tree.num_queries()} * shape.num_kv_heads < config_.num_sms;
+  }
   assign_edges(tree, g, plan);
   build_vnodes(tree, plan);
   build_items(g, shape.num_kv_heads, plan);
   build_merge_map(plan);
+}
+
+// PlannerConfig's per-query mode: small batches of short paths at GQA >= 16.
+bool Planner::per_query_mode(const KvTree& tree, int g, int num_kv_heads) const {
+  const PlannerConfig& c = config_;
+  if (c.edges != EdgePolicy::kGreedy || c.per_query_max_path <= 0 || g < c.per_query_min_gqa) return false;
+  const int64_t nq = tree.num_queries();
+  if (nq == 0 || static_cast<double>(nq) * num_kv_heads > c.per_query_max_waves * c.num_sms) return false;
+  for (int32_t node : tree.query_node)
+    if (topo_.path_len[node] > c.per_query_max_path) return false;
+  return true;
 }
 
 // Paper Alg. 1: BFS from each root; for each child decide concatenate (1) or split KV (0).
@@ -154,7 +173,7 @@ void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
       group_q_[l] = static_cast<int32_t>(nql);
       bool concat = false;
       if (nql > 0) {
-        switch (config_.edges) {
+        switch (edges_) {
           case EdgePolicy::kAllZero: concat = false; break;
           case EdgePolicy::kAllOne: concat = true; break;
           case EdgePolicy::kGreedy: {
@@ -266,7 +285,7 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   }
   work *= num_kv_heads;
   int32_t target = std::numeric_limits<int32_t>::max();
-  if (config_.split) {
+  if (split_) {
     int64_t t = std::max<int64_t>(config_.min_chunk, static_cast<int64_t>(std::ceil(work / (config_.num_sms * config_.split_waves))));
     if (config_.max_chunk > 0) t = std::min(t, config_.max_chunk);
     target = static_cast<int32_t>(std::min<int64_t>(t, target));
