@@ -169,7 +169,7 @@ Plan make_plan(const KvTree& tree, const AttnShape& s, const PlanVariant& v, Pla
   cfg.fold_max = v.fold_max;
   cfg.fold_min_rows = 0;  // fold wherever possible: 16-, 32- and 64-row blocks, small plans
   cfg.fold_min_waves = 0;
-  cfg.per_query_max_path = 0;  // greedy variants stay tree plans at GQA 16 (per-query plans = "all1")
+  cfg.narrow_max_path = 0;  // the variants keep their tile classes (narrow mode: PlannerNarrow tests)
   Planner planner(cfg);
   Plan plan;
   planner.build(tree, s, plan);

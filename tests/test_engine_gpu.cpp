@@ -336,7 +336,7 @@ TEST(GpuVsCpu, PrefillBatchMatchesSequentialPrefills) {
 
 // Planner settings that split tiny contexts into chunks (several partials per query, merged).
 PlannerConfig splitting_planner() {
-  PlannerConfig p;
+  PlannerConfig p = engine_planner_config();
   p.num_sms = 64;
   p.min_chunk = 4;
   p.split_waves = 1.0;

@@ -54,7 +54,7 @@ CpuModelOptions model_options() {
 
 // Planner settings that split tiny contexts into chunks (exercises chunked plans and extension limits).
 PlannerConfig splitting_planner() {
-  PlannerConfig p;
+  PlannerConfig p = engine_planner_config();
   p.num_sms = 64;
   p.min_chunk = 4;
   p.split_waves = 1.0;
@@ -627,7 +627,7 @@ TEST(EnginePlanExtend, PatchedPlanComputesTheGrownTreesAttention) {
   const auto v = test::random_floats(static_cast<size_t>(num_slots) * 2 * 16, 2);
   for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE(variant);
-    PlannerConfig cfg;
+    PlannerConfig cfg = engine_planner_config();
     if (variant == 1) cfg = splitting_planner();
     if (variant == 2) cfg.edges = EdgePolicy::kAllZero;
     if (variant == 3) {  // folded leaves everywhere: such plans are re-planned, never patched
@@ -678,7 +678,7 @@ TEST(EnginePlanExtend, PatchedPlanComputesTheGrownTreesAttention) {
 // stable sort by length would; the scratch kept between steps changes nothing either.
 TEST(EnginePlanExtend, ReSortEqualsAStableSortAndScratchChangesNothing) {
   const AttnShape shape{4, 2, 16};
-  PlannerConfig cfg;
+  PlannerConfig cfg = engine_planner_config();
   cfg.split = false;  // every step extends
   Planner planner(cfg);
   int32_t next = 0;
@@ -741,7 +741,7 @@ TEST(EnginePlanExtend, RefusesWhatItCannotPatch) {
   grow_query_leaves(t, Vec{5});
   EXPECT_FALSE(extend_plan(plan, t, planner.config()));
   // A single chunk may grow up to the planner's chunk target (min_chunk here), not beyond.
-  PlannerConfig cfg;
+  PlannerConfig cfg = engine_planner_config();
   cfg.min_chunk = 9;
   Planner small(cfg);
   KvTree t2;

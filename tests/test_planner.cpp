@@ -175,6 +175,7 @@ TEST(Planner, QueryTilesRespectClassCapacity) {
   for (int i = 0; i < 200; ++i) t.add_query(0);
   PlannerConfig cfg;
   cfg.split = false;
+  cfg.narrow_max_path = 0;  // the configured classes
   Plan plan;
   Planner(cfg).build(t, AttnShape{16, 4, 128}, plan);
   validate_plan(plan, t);
@@ -251,6 +252,7 @@ TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
   cfg.split = false;
   cfg.num_sms = 4;
   cfg.fold_max = 16;
+  cfg.narrow_max_path = 0;  // the fold guards (the narrow mode folds regardless of fold_min_waves)
   Plan plan;
   Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);  // g = 1: hosts are 16-row tiles, 4 x 16 private tokens
   validate_plan(plan, t);
@@ -273,57 +275,45 @@ TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
   EXPECT_EQ(plan.privates.size(), 16u);
 }
 
-// Largest group of queries sharing one vnode.
-int max_vnode_queries(const Plan& plan) {
-  int m = 0;
-  for (size_t v = 0; v + 1 < plan.vnode_q_begin.size(); ++v) m = std::max(m, plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v]);
-  return m;
-}
-
-// Per-query mode: GQA >= 16, few queries, short paths -> each query's whole path is its own vnode
-// (no sharing, no partial rows unless split); otherwise the greedy tree plan shares the root.
-TEST(Planner, PerQueryModeForSmallBatchesAtGqa16) {
+// Narrow mode: short paths, few query rows -> 16-row query tiles only, leaves folded even into a
+// small plan; otherwise the configured tile classes.
+TEST(Planner, NarrowModeForSmallTreesOfShortPaths) {
   const KvTree t = root_with_leaves(64, 16, 32);
+  const AttnShape shape{32, 8, 128};  // g = 4: a 16-row tile holds 4 queries
   PlannerConfig cfg;
   cfg.min_chunk = 256;  // paths of 96 tokens: never split
   Plan plan;
-  Planner(cfg).build(t, AttnShape{16, 1, 128}, plan);
+  Planner(cfg).build(t, shape, plan);
   validate_plan(plan, t);
-  EXPECT_EQ(max_vnode_queries(plan), 1);
-  EXPECT_EQ(plan.num_vnodes(), 16);
-  for (int v = 0; v < plan.num_vnodes(); ++v) EXPECT_EQ(plan.vnode_len[v], 96);
-  EXPECT_EQ(plan.num_partial_rows, 0);  // every query direct: no merge
-  const auto shares_root = [&](PlannerConfig c, AttnShape shape) {
+  ASSERT_EQ(plan.num_tile_classes, 1);
+  EXPECT_EQ(plan.tile_classes[0].q_rows, 16);
+  for (const PlanItem& it : plan.items) EXPECT_LE(it.q_count * 4, 16);
+  EXPECT_EQ(plan.privates.size(), 16u);  // 4 leaves x 32 tokens per 16-row tile: folded
+  EXPECT_EQ(plan.num_partial_rows, 0);   // every query direct: no merge
+  const auto narrow = [&](const PlannerConfig& c, const AttnShape& s) {
     Plan p;
-    Planner(c).build(t, shape, p);
+    Planner(c).build(t, s, p);
     validate_plan(p, t);
-    return max_vnode_queries(p) == 16;
+    return p.num_tile_classes == 1 && p.tile_classes[0].q_rows == 16;
   };
-  EXPECT_TRUE(shares_root(cfg, AttnShape{8, 1, 128}));  // g = 8 < per_query_min_gqa
+  EXPECT_TRUE(narrow(cfg, AttnShape{16, 1, 128}));  // g = 16: a tile per query
+  EXPECT_FALSE(narrow(cfg, AttnShape{32, 1, 128}));  // g = 32 > narrow_rows
   PlannerConfig c = cfg;
-  c.per_query_max_path = 95;  // a path is longer
-  EXPECT_TRUE(shares_root(c, AttnShape{16, 1, 128}));
+  c.narrow_max_path = 95;  // a path is longer
+  EXPECT_FALSE(narrow(c, shape));
   c = cfg;
-  c.num_sms = 7;  // 16 queries x 1 KV head > 2 x 7
-  EXPECT_TRUE(shares_root(c, AttnShape{16, 1, 128}));
+  c.num_sms = 1;  // 16 x 32 rows = 32 tiles > 4 x 1
+  EXPECT_FALSE(narrow(c, shape));
   c = cfg;
-  c.per_query_max_path = 0;  // off
-  EXPECT_TRUE(shares_root(c, AttnShape{16, 1, 128}));
+  c.narrow_max_path = 0;  // off
+  EXPECT_FALSE(narrow(c, shape));
   c = cfg;
-  c.edges = EdgePolicy::kAllZero;  // ablations keep their policy
-  Planner(c).build(t, AttnShape{16, 1, 128}, plan);
-  EXPECT_EQ(plan.num_vnodes(), 17);
-  // Fewer units than SMs: the per-query paths are split into chunks (and merged).
-  c = cfg;
-  c.min_chunk = 16;
-  Planner(c).build(t, AttnShape{16, 1, 128}, plan);
-  validate_plan(plan, t);
-  EXPECT_EQ(max_vnode_queries(plan), 1);
-  EXPECT_GT(plan.num_partial_rows, 0);
+  c.edges = EdgePolicy::kAllZero;  // ablations keep their policy and classes
+  EXPECT_FALSE(narrow(c, shape));
   EXPECT_THROW(
       [] {
         PlannerConfig bad;
-        bad.per_query_min_gqa = 0;
+        bad.narrow_rows = 0;
         Planner{bad};
       }(),
       Error);
@@ -342,9 +332,9 @@ PlannerConfig random_config(std::mt19937_64& rng) {
   cfg.fold_max = rng() % 2 == 0 ? static_cast<int32_t>(rng() % (kMaxFoldTokens + 1)) : 0;
   cfg.fold_min_rows = static_cast<int32_t>(rng() % 3) * 16;
   cfg.fold_min_waves = static_cast<double>(rng() % 3);
-  cfg.per_query_max_path = std::array<int64_t, 3>{0, 60, 600}[rng() % 3];
-  cfg.per_query_min_gqa = 1 << (rng() % 5);
-  cfg.per_query_max_waves = static_cast<double>(rng() % 4);
+  cfg.narrow_max_path = std::array<int64_t, 3>{0, 60, 600}[rng() % 3];
+  cfg.narrow_rows = 8 << (rng() % 3);
+  cfg.narrow_max_waves = static_cast<double>(rng() % 5);
   return cfg;
 }
 

@@ -62,14 +62,13 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--fold-min-waves", opt.fold_min_waves, "Fold only when at least this many units per SM remain");
   cmd.add_option("--fold-narrow-tokens", opt.fold_narrow_tokens,
                  "Fold into tiles of at most --fold-min-rows rows only with this many private tokens per tile");
-  cmd.add_option("--per-query-max-path", opt.per_query_max_path,
-                 "Per-query mode (GQA >= --per-query-min-gqa, few queries): longest query path it takes (0 = off)");
-  cmd.add_option("--per-query-min-gqa", opt.per_query_min_gqa, "Per-query mode: smallest GQA ratio it applies to");
-  cmd.add_option("--per-query-max-waves", opt.per_query_max_waves, "Per-query mode: at most this many queries x KV heads per SM");
+  cmd.add_option("--narrow-max-path", opt.narrow_max_path,
+                 "Narrow mode (16-row query tiles for small trees): longest query path it takes (0 = off)");
+  cmd.add_option("--narrow-max-waves", opt.narrow_max_waves, "Narrow mode: at most this many 16-row tiles of query rows per SM");
 }
 
-PlannerConfig make_planner_config(const PlannerOptions& opt) {
-  PlannerConfig cfg;
+PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base) {
+  PlannerConfig cfg = base;
   cfg.edges = opt.edges == "zero" ? EdgePolicy::kAllZero : opt.edges == "one" ? EdgePolicy::kAllOne : EdgePolicy::kGreedy;
   cfg.split = !opt.no_split;
   FT_CHECK(opt.num_sms > 0 && opt.num_sms <= 4096, "--num-sms must be in [1, 4096]");
@@ -105,17 +104,13 @@ PlannerConfig make_planner_config(const PlannerOptions& opt) {
     FT_CHECK(*opt.fold_min_waves >= 0 && *opt.fold_min_waves <= 1000, "--fold-min-waves must be in [0, 1000]");
     cfg.fold_min_waves = *opt.fold_min_waves;
   }
-  if (opt.per_query_max_path) {
-    FT_CHECK(*opt.per_query_max_path >= 0 && *opt.per_query_max_path <= (int64_t{1} << 40), "--per-query-max-path must be in [0, 2^40]");
-    cfg.per_query_max_path = *opt.per_query_max_path;
+  if (opt.narrow_max_path) {
+    FT_CHECK(*opt.narrow_max_path >= 0 && *opt.narrow_max_path <= (int64_t{1} << 40), "--narrow-max-path must be in [0, 2^40]");
+    cfg.narrow_max_path = *opt.narrow_max_path;
   }
-  if (opt.per_query_min_gqa) {
-    FT_CHECK(*opt.per_query_min_gqa >= 1 && *opt.per_query_min_gqa <= 1024, "--per-query-min-gqa must be in [1, 1024]");
-    cfg.per_query_min_gqa = *opt.per_query_min_gqa;
-  }
-  if (opt.per_query_max_waves) {
-    FT_CHECK(*opt.per_query_max_waves >= 0 && *opt.per_query_max_waves <= 1000, "--per-query-max-waves must be in [0, 1000]");
-    cfg.per_query_max_waves = *opt.per_query_max_waves;
+  if (opt.narrow_max_waves) {
+    FT_CHECK(*opt.narrow_max_waves >= 0 && *opt.narrow_max_waves <= 1000, "--narrow-max-waves must be in [0, 1000]");
+    cfg.narrow_max_waves = *opt.narrow_max_waves;
   }
   if (!opt.tile_rows.empty()) {
     const auto rows = parse_int_list(opt.tile_rows, "--tile-rows");

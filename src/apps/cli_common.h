@@ -40,12 +40,11 @@ struct PlannerOptions {
   std::optional<int> fold_min_rows;
   std::optional<int> fold_narrow_tokens;
   std::optional<double> fold_min_waves;
-  std::optional<int64_t> per_query_max_path;
-  std::optional<int> per_query_min_gqa;
-  std::optional<double> per_query_max_waves;
+  std::optional<int64_t> narrow_max_path;
+  std::optional<double> narrow_max_waves;
   std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults
 };
 void add_planner_options(CLI::App& cmd, PlannerOptions& opt);
-PlannerConfig make_planner_config(const PlannerOptions& opt);
+PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base = {});
 
 }  // namespace fasttree

@@ -151,7 +151,7 @@ void run_bench_e2e(BenchE2eCmd& c) {
   const std::vector<std::string> models = c.presets.empty() ? std::vector<std::string>{c.model_dir} : split_list(c.presets, "--preset");
   if (c.commit.empty()) c.commit = default_commit();
   const bool progress = c.progress || (!c.no_progress && stderr_is_tty());
-  const PlannerConfig planner = make_planner_config(c.planner);
+  const PlannerConfig planner = make_planner_config(c.planner, engine_planner_config());
 
   std::vector<E2eRecord> records;
   int64_t mismatches = 0;

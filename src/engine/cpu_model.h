@@ -41,7 +41,7 @@ inline constexpr double kMaxCpuKvBytes = 32.0 * (1 << 30);
 
 struct CpuModelOptions {
   int num_threads = 0;     // 0 = all hardware threads
-  PlannerConfig planner;   // decode planning (FastTree attention)
+  PlannerConfig planner = engine_planner_config();   // decode planning (FastTree attention)
 };
 
 class CpuModel final : public DecoderModel {

@@ -78,7 +78,7 @@ struct GpuTpHooks {
 };
 
 struct GpuModelOptions {
-  PlannerConfig planner;                // decode planning when the batch brings no plan
+  PlannerConfig planner = engine_planner_config();                // decode planning when the batch brings no plan
   CudaTreeAttentionOptions attention;   // tree-attention kernel knobs
   int prefill_chunk = kDefaultPrefillChunk;  // tokens per prefill chunk (activation rows)
   bool validate_plans = false;          // validate_plan() a plan the batch brings (O(Σ path tokens)

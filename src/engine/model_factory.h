@@ -21,7 +21,7 @@ struct ModelSpec {
   int threads = 0;             // CPU threads (0 = all; with tp > 1 on the CPU: split over the ranks)
   int tp = 1;                  // tensor-parallel ranks: cuda -> TpGpuModel on GPUs 0..tp-1 (each rank reads
                                // only its blocks of a checkpoint); cpu -> TpCpuModel
-  PlannerConfig planner;       // decode planning inside the model (when the scheduler brings no plan)
+  PlannerConfig planner = engine_planner_config();       // decode planning inside the model (when the scheduler brings no plan)
 };
 
 std::unique_ptr<DecoderModel> make_model(const ModelSpec& spec);

@@ -80,7 +80,7 @@ struct SchedulerOptions {
   int max_running = 256;                                // sequences decoded together at most
   DecodeAttention attention = DecodeAttention::kFastTree;
   PathSharing sharing = PathSharing::kShared;           // kPerRequest: per-request attention baseline
-  PlannerConfig planner;
+  PlannerConfig planner = engine_planner_config();
   bool cache_generated = true;  // finished sequences' tokens stay in the prefix cache
   // A batched prefill is sent to the model once the pending admissions hold at least this many
   // uncached tokens (and whenever admission stops). 1: one request per prefill call.

@@ -42,7 +42,7 @@ namespace fasttree {
 struct TpCpuModelOptions {
   int tp = 1;                  // ranks; the heads and intermediate size must split (check_tp)
   int threads_per_rank = 0;    // 0 = hardware threads / tp (at least 1)
-  PlannerConfig planner;       // decode planning when the batch brings no plan
+  PlannerConfig planner = engine_planner_config();       // decode planning when the batch brings no plan
   std::chrono::milliseconds collective_timeout = LocalGroup::kDefaultTimeout;
   // Called on rank `rank`'s thread before each of its all-reduces, with the index of that
   // all-reduce within the current prefill/decode call (0, 1, ...: 2 per layer). It may throw:

@@ -41,7 +41,7 @@ enum class EdgePolicy {
 // Every constant of the planner. Defaults: `fasttree calibrate` on the H200 (bench/results/
 // h200-calibration.csv; README "Calibration"): alpha 0.33, beta 0.33, gamma 0.1, min_chunk 128,
 // split_waves 2, tile classes 64 and 16 rows (fitted without leaf folding); fold_max 128 and its
-// guards, and the per-query mode, from the A/B runs in src/cuda/PERF_NOTES.md.
+// guards, and the narrow mode, from the A/B runs in src/cuda/PERF_NOTES.md.
 struct PlannerConfig {
   // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
   // SplitKV pays gamma per query that gets one more partial result; SplitQ (concatenating a child
@@ -78,20 +78,30 @@ struct PlannerConfig {
   int32_t fold_min_rows = 16;
   int32_t fold_narrow_tokens = 128;
   double fold_min_waves = 1.5;
-  // Per-query mode (greedy edges only): when a query alone fills a query tile (GQA >= 16), every
-  // query's path has at most per_query_max_path tokens and the queries x KV heads number at most
-  // per_query_max_waves x num_sms, every query gets its own path as one vnode (the kAllOne
-  // grouping), split only when there are fewer such units than SMs. Such plans are one round of
-  // short units with no partial rows and no merge launch (re-read shared tokens hit L2); the tree
-  // plan's dependent phases (shared nodes, then leaves, then the merge) cost more latency there
-  // (H200 paper suite: 16/1 cells 21.4 -> 16.3, 18.9 -> 15.8, 24.3 -> 18.3, 26.7 -> 24.5 us;
-  // src/cuda/PERF_NOTES.md). per_query_max_path = 0: off.
-  int32_t per_query_min_gqa = 16;
-  int64_t per_query_max_path = 600;
-  double per_query_max_waves = 2.0;
+  // Narrow mode (greedy edges only): when every query's path has at most narrow_max_path tokens,
+  // GQA <= narrow_rows and the queries' rows (queries x Hq) fill at most narrow_max_waves x num_sms
+  // tiles of narrow_rows rows, the plan uses narrow_rows-row query tiles only and folds leaves
+  // regardless of fold_min_waves. Small trees then run as one round of short units, mostly without
+  // partial rows or a merge launch (shared prefixes are re-read per tile, from L2), instead of
+  // dependent phases (64-row tiles of shared nodes, then leaf units, then the merge). H200 paper
+  // suite, fp16: `1 256`, `1 2 64`, `1 4 256` at 32/32 and 32/8 1.2-1.3x faster, GQA-16 cells
+  // 16.2 -> 15.8 .. 24.6 -> 24.3 us (src/cuda/PERF_NOTES.md). narrow_max_path = 0: off.
+  int32_t narrow_rows = 16;
+  int64_t narrow_max_path = 600;
+  double narrow_max_waves = 4.0;
 };
 
+// The engine's decode planning: the defaults without the narrow mode, which was measured on the
+// kernel suite only (decode trees change every step and plans with folded leaves are re-planned
+// instead of extended; not yet measured end to end). bench-e2e's --narrow-max-path turns it on.
+inline PlannerConfig engine_planner_config() {
+  PlannerConfig c;
+  c.narrow_max_path = 0;
+  return c;
+}
+
 inline constexpr int32_t kMaxFoldTokens = 256;
+inline constexpr int kNarrowKvTile = 64;  // KV tokens per tile of the narrow mode's tile class
 
 struct PlanSegment {
   int64_t slot_offset;  // index into KvTree::slots of the segment's first token

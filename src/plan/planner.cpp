@@ -109,8 +109,8 @@ void check_config(const PlannerConfig& c) {
            "planner: fold_max must be in [0, " + std::to_string(kMaxFoldTokens) + "], got " + std::to_string(c.fold_max));
   FT_CHECK(c.fold_min_rows >= 0 && c.fold_min_waves >= 0 && c.fold_narrow_tokens >= 0,
            "planner: fold_min_rows, fold_min_waves and fold_narrow_tokens must be >= 0");
-  FT_CHECK(c.per_query_min_gqa >= 1 && c.per_query_max_path >= 0 && c.per_query_max_waves >= 0,
-           "planner: per_query_min_gqa must be >= 1, per_query_max_path and per_query_max_waves >= 0");
+  FT_CHECK(c.narrow_rows >= 1 && c.narrow_max_path >= 0 && c.narrow_max_waves >= 0,
+           "planner: narrow_rows must be >= 1, narrow_max_path and narrow_max_waves >= 0");
 }
 
 
@@ -124,39 +124,40 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
   const int g = shape.gqa();
   topo_.build(tree);
 
+  cfg_ = config_;
+  if (narrow_mode(tree, shape)) {
+    cfg_.tile_classes = {{{config_.narrow_rows, kNarrowKvTile}, {0, 0}, {0, 0}, {0, 0}}};
+    cfg_.num_tile_classes = 1;
+    cfg_.fold_min_waves = 0;
+  }
   plan.num_queries = tree.num_queries();
   plan.num_qo_heads = shape.num_qo_heads;
   plan.num_kv_heads = shape.num_kv_heads;
-  plan.tile_classes = config_.tile_classes;
-  plan.num_tile_classes = config_.num_tile_classes;
+  plan.tile_classes = cfg_.tile_classes;
+  plan.num_tile_classes = cfg_.num_tile_classes;
 
-  edges_ = config_.edges;
-  split_ = config_.split;
-  if (per_query_mode(tree, g, shape.num_kv_heads)) {
-    edges_ = EdgePolicy::kAllOne;
-    split_ = config_.split && int64_t{tree.num_queries()} * shape.num_kv_heads < config_.num_sms;
-  }
   assign_edges(tree, g, plan);
   build_vnodes(tree, plan);
   build_items(g, shape.num_kv_heads, plan);
   build_merge_map(plan);
 }
 
-// PlannerConfig's per-query mode: small batches of short paths at GQA >= 16.
-bool Planner::per_query_mode(const KvTree& tree, int g, int num_kv_heads) const {
+// PlannerConfig's narrow mode: small batches of short paths.
+bool Planner::narrow_mode(const KvTree& tree, const AttnShape& shape) const {
   const PlannerConfig& c = config_;
-  if (c.edges != EdgePolicy::kGreedy || c.per_query_max_path <= 0 || g < c.per_query_min_gqa) return false;
+  if (c.edges != EdgePolicy::kGreedy || c.narrow_max_path <= 0 || shape.gqa() > c.narrow_rows) return false;
   const int64_t nq = tree.num_queries();
-  if (nq == 0 || static_cast<double>(nq) * num_kv_heads > c.per_query_max_waves * c.num_sms) return false;
+  const double tiles = static_cast<double>(nq) * shape.num_qo_heads / c.narrow_rows;
+  if (nq == 0 || tiles > c.narrow_max_waves * c.num_sms) return false;
   for (int32_t node : tree.query_node)
-    if (topo_.path_len[node] > c.per_query_max_path) return false;
+    if (topo_.path_len[node] > c.narrow_max_path) return false;
   return true;
 }
 
 // Paper Alg. 1: BFS from each root; for each child decide concatenate (1) or split KV (0).
 void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
   const int n = tree.num_nodes();
-  const CostModel cost(config_, g);
+  const CostModel cost(cfg_, g);
   CmmMemo memo[4];
   plan.node_edge.assign(n, 0);
   acc_len_.assign(n, 0);
@@ -173,7 +174,7 @@ void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
       group_q_[l] = static_cast<int32_t>(nql);
       bool concat = false;
       if (nql > 0) {
-        switch (edges_) {
+        switch (cfg_.edges) {
           case EdgePolicy::kAllZero: concat = false; break;
           case EdgePolicy::kAllOne: concat = true; break;
           case EdgePolicy::kGreedy: {
@@ -185,9 +186,9 @@ void Planner::assign_edges(const KvTree& tree, int g, Plan& plan) {
             const int64_t nq_curr = group_q_[v];
             // Siblings usually repeat the same arguments (same group size, same lengths): memoized.
             double split_q = memo[0].get(cost, nq_curr - nql, len_v) + memo[1].get(cost, nql, len_l + len_v);
-            if (config_.delta > 0) split_q += config_.delta * static_cast<double>(len_v * cost.tiles(nql));
+            if (cfg_.delta > 0) split_q += cfg_.delta * static_cast<double>(len_v * cost.tiles(nql));
             const double split_kv = memo[2].get(cost, nq_curr, len_v) + memo[3].get(cost, nql, len_l) +
-                                    config_.gamma * static_cast<double>(nql);
+                                    cfg_.gamma * static_cast<double>(nql);
             concat = split_kv >= split_q;
             break;
           }
@@ -276,8 +277,8 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   double work = 0;
   for (int v = 0; v < nv; ++v) {
     const int32_t nq = plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v];
-    const int cls = choose_tile_class(config_, static_cast<int64_t>(nq) * g);
-    const int32_t qpt = queries_per_tile(config_, cls, g);
+    const int cls = choose_tile_class(cfg_, static_cast<int64_t>(nq) * g);
+    const int32_t qpt = queries_per_tile(cfg_, cls, g);
     const int32_t tiles = nq <= qpt ? 1 : (nq + qpt - 1) / qpt;
     vnode_cls_[v] = static_cast<int8_t>(cls);
     vnode_tiles_[v] = tiles;
@@ -285,9 +286,9 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
   }
   work *= num_kv_heads;
   int32_t target = std::numeric_limits<int32_t>::max();
-  if (split_) {
-    int64_t t = std::max<int64_t>(config_.min_chunk, static_cast<int64_t>(std::ceil(work / (config_.num_sms * config_.split_waves))));
-    if (config_.max_chunk > 0) t = std::min(t, config_.max_chunk);
+  if (cfg_.split) {
+    int64_t t = std::max<int64_t>(cfg_.min_chunk, static_cast<int64_t>(std::ceil(work / (cfg_.num_sms * cfg_.split_waves))));
+    if (cfg_.max_chunk > 0) t = std::min(t, cfg_.max_chunk);
     target = static_cast<int32_t>(std::min<int64_t>(t, target));
   }
 
@@ -297,7 +298,7 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     const int32_t len = plan.vnode_len[v];
     int32_t chunks = 1, chunk_len = len;
     if (len > target) {  // even chunks, rounded up to whole KV tiles
-      const int32_t kv_tile = config_.tile_classes[vnode_cls_[v]].kv_tile;
+      const int32_t kv_tile = cfg_.tile_classes[vnode_cls_[v]].kv_tile;
       chunks = (len + target - 1) / target;
       chunk_len = ((len + chunks - 1) / chunks + kv_tile - 1) / kv_tile * kv_tile;
       chunks = (len + chunk_len - 1) / chunk_len;
@@ -337,7 +338,7 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
         item.tile_class = vnode_cls_[v];
         item.out_row = all_direct ? -1 : rows;
         item.priv_begin = static_cast<int32_t>(plan.privates.size());
-        if (last_chunk && config_.fold_max > 0) {
+        if (last_chunk && cfg_.fold_max > 0) {
           for (int32_t i = 0; i < count; ++i) {
             const int32_t qi = plan.vnode_queries[q + i];
             const int32_t f = fold_[qi];
@@ -365,12 +366,12 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
 void Planner::choose_folds(int num_kv_heads, Plan& plan) {
   const int nv = plan.num_vnodes();
   fold_.assign(plan.num_queries, -1);
-  if (config_.fold_max <= 0) return;
+  if (cfg_.fold_max <= 0) return;
   int64_t items = 0, folded = 0;
   host_tokens_.assign(nv, 0);  // private tokens each host vnode would take on
   for (int v = 0; v < nv; ++v) {
     items += static_cast<int64_t>(vnode_tiles_[v]) * ((plan.vnode_len[v] + vnode_chunk_len_[v] - 1) / vnode_chunk_len_[v]);
-    if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > config_.fold_max ||
+    if (plan.vnode_q_begin[v + 1] - plan.vnode_q_begin[v] != 1 || plan.vnode_len[v] > cfg_.fold_max ||
         vnode_chunk_len_[v] < plan.vnode_len[v])
       continue;
     const int32_t q = plan.vnode_queries[plan.vnode_q_begin[v]];
@@ -383,14 +384,14 @@ void Planner::choose_folds(int num_kv_heads, Plan& plan) {
   for (int q = 0; q < plan.num_queries; ++q) {
     if (fold_[q] < 0) continue;
     const int32_t host = host_vnode_[q];
-    if (config_.tile_classes[vnode_cls_[host]].q_rows <= config_.fold_min_rows &&
-        host_tokens_[host] < static_cast<int64_t>(config_.fold_narrow_tokens) * vnode_tiles_[host]) {
+    if (cfg_.tile_classes[vnode_cls_[host]].q_rows <= cfg_.fold_min_rows &&
+        host_tokens_[host] < static_cast<int64_t>(cfg_.fold_narrow_tokens) * vnode_tiles_[host]) {
       fold_[q] = -1;
       continue;
     }
     ++folded;
   }
-  if (static_cast<double>(items - folded) * num_kv_heads < config_.fold_min_waves * config_.num_sms) {
+  if (static_cast<double>(items - folded) * num_kv_heads < cfg_.fold_min_waves * cfg_.num_sms) {
     fold_.assign(plan.num_queries, -1);  // too few units would be left: no folding
     return;
   }

@@ -36,7 +36,7 @@ class Planner {
   PlannerConfig& config() { return config_; }
 
  private:
-  bool per_query_mode(const KvTree& tree, int g, int num_kv_heads) const;
+  bool narrow_mode(const KvTree& tree, const AttnShape& shape) const;
   void assign_edges(const KvTree& tree, int g, Plan& plan);
   void build_vnodes(const KvTree& tree, Plan& plan);
   void build_items(int g, int num_kv_heads, Plan& plan);
@@ -45,8 +45,7 @@ class Planner {
   void sort_items_longest_first(std::vector<PlanItem>& items);
 
   PlannerConfig config_;
-  EdgePolicy edges_ = EdgePolicy::kGreedy;  // this build's edge policy and splitting (per-query mode)
-  bool split_ = true;
+  PlannerConfig cfg_;  // this build's constants: config_, or its narrow-mode variant
   // Workspace (kept between builds so steady-state planning does not allocate).
   TreeTopology topo_;
   std::vector<int64_t> acc_len_;      // [n] context length of the node's potential vnode
