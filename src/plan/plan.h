@@ -80,8 +80,8 @@ struct PlannerConfig {
   double fold_min_waves = 1.5;
   // Narrow mode (greedy edges only): when every query's path has at most narrow_max_path tokens,
   // GQA <= narrow_rows and the queries' rows (queries x Hq) fill at most narrow_max_waves x num_sms
-  // tiles of narrow_rows rows, the plan uses narrow_rows-row query tiles only and folds leaves
-  // regardless of fold_min_waves. Small trees then run as one round of short units, mostly without
+  // tiles of narrow_rows rows, the plan uses narrow_rows-row query tiles only, folds leaves
+  // regardless of fold_min_waves and splits contexts only when those tiles are fewer than SMs. Small trees then run as one round of short units, mostly without
   // partial rows or a merge launch (shared prefixes are re-read per tile, from L2), instead of
   // dependent phases (64-row tiles of shared nodes, then leaf units, then the merge). H200 paper
   // suite, fp16: `1 256`, `1 2 64`, `1 4 256` at 32/32 and 32/8 1.2-1.3x faster, GQA-16 cells

@@ -129,6 +129,8 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
     cfg_.tile_classes = {{{config_.narrow_rows, kNarrowKvTile}, {0, 0}, {0, 0}, {0, 0}}};
     cfg_.num_tile_classes = 1;
     cfg_.fold_min_waves = 0;
+    // One round of tiles already fills the SMs: splitting would only add partial rows and a merge.
+    cfg_.split = config_.split && static_cast<double>(tree.num_queries()) * shape.num_qo_heads / config_.narrow_rows < config_.num_sms;
   }
   plan.num_queries = tree.num_queries();
   plan.num_qo_heads = shape.num_qo_heads;
