@@ -117,6 +117,7 @@ TEST(Planner, DeltaChargesTheParentContextAConcatenatedChildReReads) {
   for (const double delta : {0.0, 1.0, 8.0, 64.0, 1e9}) {
     PlannerConfig cfg;
     cfg.delta = delta;
+    cfg.mid_class_rows = 0;  // the two default classes the expectations were derived with
     Plan plan;
     Planner(cfg).build(t, s, plan);
     validate_plan(plan, t);
@@ -319,6 +320,33 @@ TEST(Planner, NarrowModeForSmallTreesOfShortPaths) {
       Error);
 }
 
+// The mid tile class: added at GQA >= mid_class_min_gqa (32-row tiles of 8 queries at GQA 4), not
+// below, not when the classes already have it, never in the engine's decode planning.
+TEST(Planner, MidTileClassAtGqa4) {
+  KvTree t;
+  t.add_node(-1, 300);
+  for (int i = 0; i < 8; ++i) t.add_query(t.add_node(0, 20));  // 8 queries at GQA 4: 32 rows below the root
+  PlannerConfig cfg;
+  cfg.narrow_max_path = 0;
+  Plan plan;
+  Planner(cfg).build(t, AttnShape{32, 8, 128}, plan);
+  validate_plan(plan, t);
+  ASSERT_EQ(plan.num_tile_classes, 3);
+  EXPECT_EQ(plan.tile_classes[2].q_rows, 32);
+  int rows32 = 0;
+  for (const PlanItem& it : plan.items) rows32 += plan.tile_classes[it.tile_class].q_rows == 32;
+  EXPECT_GT(rows32, 0);  // the root's 8 queries x 4 rows fit one 32-row tile
+  Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);  // g = 1
+  EXPECT_EQ(plan.num_tile_classes, 2);
+  PlannerConfig c = cfg;
+  c.tile_classes = {{{64, 64}, {32, 64}, {16, 64}, {0, 0}}};
+  c.num_tile_classes = 3;
+  Planner(c).build(t, AttnShape{32, 8, 128}, plan);
+  EXPECT_EQ(plan.num_tile_classes, 3);  // already there
+  Planner(engine_planner_config()).build(t, AttnShape{32, 8, 128}, plan);
+  EXPECT_EQ(plan.num_tile_classes, 2);
+}
+
 PlannerConfig random_config(std::mt19937_64& rng) {
   PlannerConfig cfg;
   const int policy = static_cast<int>(rng() % 3);
@@ -335,6 +363,8 @@ PlannerConfig random_config(std::mt19937_64& rng) {
   cfg.narrow_max_path = std::array<int64_t, 3>{0, 60, 600}[rng() % 3];
   cfg.narrow_rows = 8 << (rng() % 3);
   cfg.narrow_max_waves = static_cast<double>(rng() % 5);
+  cfg.mid_class_rows = std::array<int32_t, 3>{0, 32, 48}[rng() % 3];
+  cfg.mid_class_min_gqa = 1 << (rng() % 4);
   return cfg;
 }
 

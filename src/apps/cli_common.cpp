@@ -65,6 +65,8 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--narrow-max-path", opt.narrow_max_path,
                  "Narrow mode (16-row query tiles for small trees): longest query path it takes (0 = off)");
   cmd.add_option("--narrow-max-waves", opt.narrow_max_waves, "Narrow mode: at most this many 16-row tiles of query rows per SM");
+  cmd.add_option("--mid-class-rows", opt.mid_class_rows,
+                 "Tile class added at GQA >= 4 (default 32 rows; 0 = off; --tile-rows turns it off)");
 }
 
 PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base) {
@@ -108,6 +110,10 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
     FT_CHECK(*opt.narrow_max_path >= 0 && *opt.narrow_max_path <= (int64_t{1} << 40), "--narrow-max-path must be in [0, 2^40]");
     cfg.narrow_max_path = *opt.narrow_max_path;
   }
+  if (opt.mid_class_rows) {
+    FT_CHECK(*opt.mid_class_rows >= 0 && *opt.mid_class_rows <= 4096, "--mid-class-rows must be in [0, 4096]");
+    cfg.mid_class_rows = *opt.mid_class_rows;
+  }
   if (opt.narrow_max_waves) {
     FT_CHECK(*opt.narrow_max_waves >= 0 && *opt.narrow_max_waves <= 1000, "--narrow-max-waves must be in [0, 1000]");
     cfg.narrow_max_waves = *opt.narrow_max_waves;
@@ -117,6 +123,7 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
     FT_CHECK(!rows.empty() && rows.size() <= static_cast<size_t>(kMaxTileClasses),
              "--tile-rows: give 1 to " + std::to_string(kMaxTileClasses) + " classes");
     cfg.num_tile_classes = static_cast<int>(rows.size());
+    if (!opt.mid_class_rows) cfg.mid_class_rows = 0;  // explicit classes are taken as given
     for (size_t i = 0; i < rows.size(); ++i) {
       FT_CHECK(rows[i] >= 1 && rows[i] <= 4096, "--tile-rows: rows must be in [1, 4096]");
       cfg.tile_classes[i] = TileClass{static_cast<int>(rows[i]), 64};

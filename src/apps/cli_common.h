@@ -42,6 +42,7 @@ struct PlannerOptions {
   std::optional<double> fold_min_waves;
   std::optional<int64_t> narrow_max_path;
   std::optional<double> narrow_max_waves;
+  std::optional<int> mid_class_rows;
   std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults
 };
 void add_planner_options(CLI::App& cmd, PlannerOptions& opt);

@@ -126,6 +126,7 @@ void run_calibrate(const CalibrateCmd& c) {
             cfg.split_waves = std::max(0.01, w);
             cfg.num_tile_classes = static_cast<int>(tiles.size());
             for (size_t t = 0; t < tiles.size(); ++t) cfg.tile_classes[t] = TileClass{std::max(1, static_cast<int>(tiles[t])), 64};
+            cfg.mid_class_rows = 0;  // the tile sets searched are taken as given
             Planner planner(cfg);
             double log_sum = 0;
             for (size_t i = 0; i < cells.size(); ++i) {

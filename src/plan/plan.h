@@ -89,19 +89,27 @@ struct PlannerConfig {
   int32_t narrow_rows = 16;
   int64_t narrow_max_path = 600;
   double narrow_max_waves = 4.0;
+  // At GQA >= mid_class_min_gqa the plan also gets a tile class of mid_class_rows query rows (when
+  // the configured classes have none and a slot is free): at GQA 4, 32-row tiles (8 queries) cut
+  // the deep 32/8 trees' times by 4-31 % and change no other 32/8 or 16/1 cell beyond noise, while
+  // at GQA 1 they cost the deep trees 8-30 % (H200 paper suite, src/cuda/PERF_NOTES.md).
+  // mid_class_rows = 0: off.
+  int32_t mid_class_rows = 32;
+  int32_t mid_class_min_gqa = 4;
 };
 
-// The engine's decode planning: the defaults without the narrow mode, which was measured on the
-// kernel suite only (decode trees change every step and plans with folded leaves are re-planned
+// The engine's decode planning: the defaults without the narrow mode and the mid tile class, which
+// were measured on the kernel suite only (decode trees change every step and plans with folded leaves are re-planned
 // instead of extended; not yet measured end to end). bench-e2e's --narrow-max-path turns it on.
 inline PlannerConfig engine_planner_config() {
   PlannerConfig c;
   c.narrow_max_path = 0;
+  c.mid_class_rows = 0;
   return c;
 }
 
 inline constexpr int32_t kMaxFoldTokens = 256;
-inline constexpr int kNarrowKvTile = 64;  // KV tokens per tile of the narrow mode's tile class
+inline constexpr int kDefaultKvTile = 64;  // KV tokens per tile of the classes the planner adds (narrow mode, mid class)
 
 struct PlanSegment {
   int64_t slot_offset;  // index into KvTree::slots of the segment's first token

@@ -111,6 +111,7 @@ void check_config(const PlannerConfig& c) {
            "planner: fold_min_rows, fold_min_waves and fold_narrow_tokens must be >= 0");
   FT_CHECK(c.narrow_rows >= 1 && c.narrow_max_path >= 0 && c.narrow_max_waves >= 0,
            "planner: narrow_rows must be >= 1, narrow_max_path and narrow_max_waves >= 0");
+  FT_CHECK(c.mid_class_rows >= 0 && c.mid_class_min_gqa >= 1, "planner: mid_class_rows must be >= 0, mid_class_min_gqa >= 1");
 }
 
 
@@ -125,8 +126,13 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
   topo_.build(tree);
 
   cfg_ = config_;
+  if (config_.mid_class_rows > 0 && g >= config_.mid_class_min_gqa && cfg_.num_tile_classes < kMaxTileClasses) {
+    bool have = false;
+    for (int i = 0; i < cfg_.num_tile_classes; ++i) have = have || cfg_.tile_classes[i].q_rows == config_.mid_class_rows;
+    if (!have) cfg_.tile_classes[cfg_.num_tile_classes++] = TileClass{config_.mid_class_rows, kDefaultKvTile};
+  }
   if (narrow_mode(tree, shape)) {
-    cfg_.tile_classes = {{{config_.narrow_rows, kNarrowKvTile}, {0, 0}, {0, 0}, {0, 0}}};
+    cfg_.tile_classes = {{{config_.narrow_rows, kDefaultKvTile}, {0, 0}, {0, 0}, {0, 0}}};
     cfg_.num_tile_classes = 1;
     cfg_.fold_min_waves = 0;
     // One round of tiles already fills the SMs: splitting would only add partial rows and a merge.
