@@ -131,12 +131,13 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
     for (int i = 0; i < cfg_.num_tile_classes; ++i) have = have || cfg_.tile_classes[i].q_rows == config_.mid_class_rows;
     if (!have) cfg_.tile_classes[cfg_.num_tile_classes++] = TileClass{config_.mid_class_rows, kDefaultKvTile};
   }
-  if (narrow_mode(tree, shape)) {
+  const double narrow_tiles = narrow_mode_tiles(tree, shape);
+  if (narrow_tiles >= 0) {
     cfg_.tile_classes = {{{config_.narrow_rows, kDefaultKvTile}, {0, 0}, {0, 0}, {0, 0}}};
     cfg_.num_tile_classes = 1;
     cfg_.fold_min_waves = 0;
     // One round of tiles already fills the SMs: splitting would only add partial rows and a merge.
-    cfg_.split = config_.split && static_cast<double>(tree.num_queries()) * shape.num_qo_heads / config_.narrow_rows < config_.num_sms;
+    cfg_.split = config_.split && narrow_tiles < config_.num_sms;
   }
   plan.num_queries = tree.num_queries();
   plan.num_qo_heads = shape.num_qo_heads;
@@ -150,16 +151,17 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
   build_merge_map(plan);
 }
 
-// PlannerConfig's narrow mode: small batches of short paths.
-bool Planner::narrow_mode(const KvTree& tree, const AttnShape& shape) const {
+// PlannerConfig's narrow mode (small batches of short paths): the query rows in narrow_rows-row
+// tiles when it applies, else -1.
+double Planner::narrow_mode_tiles(const KvTree& tree, const AttnShape& shape) const {
   const PlannerConfig& c = config_;
-  if (c.edges != EdgePolicy::kGreedy || c.narrow_max_path <= 0 || shape.gqa() > c.narrow_rows) return false;
+  if (c.edges != EdgePolicy::kGreedy || c.narrow_max_path <= 0 || shape.gqa() > c.narrow_rows) return -1;
   const int64_t nq = tree.num_queries();
   const double tiles = static_cast<double>(nq) * shape.num_qo_heads / c.narrow_rows;
-  if (nq == 0 || tiles > c.narrow_max_waves * c.num_sms) return false;
+  if (nq == 0 || tiles > c.narrow_max_waves * c.num_sms) return -1;
   for (int32_t node : tree.query_node)
-    if (topo_.path_len[node] > c.narrow_max_path) return false;
-  return true;
+    if (topo_.path_len[node] > c.narrow_max_path) return -1;
+  return tiles;
 }
 
 // Paper Alg. 1: BFS from each root; for each child decide concatenate (1) or split KV (0).

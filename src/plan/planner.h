@@ -36,7 +36,7 @@ class Planner {
   PlannerConfig& config() { return config_; }
 
  private:
-  bool narrow_mode(const KvTree& tree, const AttnShape& shape) const;
+  double narrow_mode_tiles(const KvTree& tree, const AttnShape& shape) const;
   void assign_edges(const KvTree& tree, int g, Plan& plan);
   void build_vnodes(const KvTree& tree, Plan& plan);
   void build_items(int g, int num_kv_heads, Plan& plan);
