@@ -212,6 +212,27 @@ void cuda_attention_per_request(const KvTree& tree, const AttnShape& shape, KvDT
 
 namespace {
 
+// One timed launch: a replay of the graph captured from `enqueue` (use_graph), else enqueue itself.
+template <class F>
+class Launcher {
+ public:
+  Launcher(cudaStream_t stream, F& enqueue, bool use_graph) : stream_(stream), enqueue_(enqueue) {
+    if (use_graph) graph_ = std::make_unique<Graph>(stream, enqueue);
+  }
+  void operator()() const {
+    if (graph_) {
+      FT_CUDA_CHECK(cudaGraphLaunch(graph_->exec, stream_));
+    } else {
+      enqueue_();
+    }
+  }
+
+ private:
+  cudaStream_t stream_;
+  F& enqueue_;
+  std::unique_ptr<Graph> graph_;
+};
+
 constexpr size_t kFlushBytes = size_t{256} << 20;  // L2 flush buffer of the timings
 bool g_first_timing = true;                          // the first timing warms the GPU up longer
 
@@ -300,15 +321,7 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   CudaTreeAttention att(shape, dtype, 0.0f, opt);
   att.upload(plan, tree, st.s, num_slots);
   auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), dlse.as<float>(), st.s); };
-  std::unique_ptr<Graph> graph;
-  if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
-  auto launch = [&] {
-    if (graph) {
-      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
-    } else {
-      enqueue();
-    }
-  };
+  Launcher<decltype(enqueue)> launch(st.s, enqueue, options.use_graph);
   CudaTiming result = time_launches(st, flush, launch, options);
   if (options.trace) {  // one more run, from cleared marks and a flushed L2
     FT_CUDA_CHECK(cudaMemsetAsync(trace.ptr, 0, trace_bytes, st.s));
@@ -329,15 +342,7 @@ CudaTiming cuda_time_empty_launch(int grid, const CudaTimingOptions& options) {
   Stream st;
   DeviceBuffer flush(options.flush_l2 ? kFlushBytes : 0);
   auto enqueue = [&] { FT_CUDA_CHECK(cuda_detail::empty_kernel_launch(grid, st.s)); };
-  std::unique_ptr<Graph> graph;
-  if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
-  auto launch = [&] {
-    if (graph) {
-      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
-    } else {
-      enqueue();
-    }
-  };
+  Launcher<decltype(enqueue)> launch(st.s, enqueue, options.use_graph);
   return time_launches(st, flush, launch, options);
 }
 
