@@ -107,7 +107,7 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
                      const Reference& ref, float scale, const std::string& what, CudaRunOptions opt = {}) {
   opt.poison_outputs = true;
   Errors worst;
-  // Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
+  // Every mode but 1 loads full K/V tiles by TMA. Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
   // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too), the
   // latter with the cp.async-staged warp kernel (2) and the register one (4).
   // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the staged warp path
@@ -126,6 +126,10 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
     opt.warp_cta_warps = mode == 3 ? 3 : 2;
     opt.kv_head_major = mode == 3;
     opt.merge_wide = mode == 1 || mode == 3 ? 1 : 0;
+    // Full single-run K/V tiles by TMA (required: the H200 has it) except in mode 1, which keeps
+    // the main kernel's cp.async path for them covered.
+    opt.use_tma = mode == 1 ? 0 : 1;
+    opt.require_tma = mode != 1;
     const char* tag = mode == 0   ? " [fused merge]"
                       : mode == 1 ? " [wide merge launch]"
                       : mode == 2 ? " [staged warp-per-unit + merge launch]"

@@ -77,6 +77,22 @@ void print_trace(const std::vector<uint64_t>& tr) {
       fmt::print("  trace {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f} us\n", name, v.size(), v.front(),
                  v[v.size() / 2], v.back());
     }
+  // Per-CTA sums (durations in us, tile counts).
+  const std::pair<int, const char*> sums[] = {{cuda_detail::kTrConsWaitNs, "consumer full-wait"},
+                                              {cuda_detail::kTrConsTiles, "tiles (count)"},
+                                              {cuda_detail::kTrProdWaitNs, "producer empty-wait"},
+                                              {cuda_detail::kTrProdIssueNs, "producer issuing"}};
+  for (const auto& [e, name] : sums) {
+    std::vector<double> v;
+    for (int c = 0; c < kCtas; ++c) {
+      const uint64_t x = tr[static_cast<size_t>(c) * kEvents + e];
+      if (x != 0) v.push_back(e == cuda_detail::kTrConsTiles ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    fmt::print("  sum   {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f}\n", name, v.size(), v.front(),
+               v[v.size() / 2], v.back());
+  }
 }
 
 std::string spaced(const std::string& commas) {

@@ -121,10 +121,9 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_stages = options.warp_stages;
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.merge_wide = options.merge_wide;
-  if (options.kv_head_major) {
-    opt.kv_layout = KvLayout::kHeadMajor;
-    opt.kv_slots = num_slots;
-  }
+  opt.use_tma = options.use_tma;
+  opt.kv_slots = num_slots;
+  if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);
   att.upload(plan, tree, st.s, num_slots);
   // Poisoned before every repeat, so that a repeat that leaves something unwritten fails too.
@@ -151,6 +150,7 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
     FT_CUDA_CHECK(cudaStreamSynchronize(st.s));
   }
   FT_CUDA_CHECK(cudaGetLastError());
+  FT_CHECK(!options.require_tma || att.num_units() == 0 || att.tma_active(), "cuda_attention: TMA was required but the K/V tiles used cp.async");
   if (!out.empty()) FT_CUDA_CHECK(cudaMemcpy(out.data(), dout.ptr, out.size() * 4, cudaMemcpyDeviceToHost));
   if (!lse.empty()) FT_CUDA_CHECK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
 }
@@ -311,10 +311,9 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   opt.warp_stages = options.warp_stages;
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.run_merge = !options.skip_merge;
-  if (options.kv_head_major) {
-    opt.kv_layout = KvLayout::kHeadMajor;
-    opt.kv_slots = num_slots;
-  }
+  opt.use_tma = options.use_tma;
+  opt.kv_slots = num_slots;
+  if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   const size_t trace_bytes = options.trace ? size_t{cuda_detail::kTraceKinds} * cuda_detail::kTraceCtas * cuda_detail::kTraceEvents * 8 : 0;
   DeviceBuffer trace(trace_bytes);
   opt.trace = trace.as<unsigned long long>();

@@ -49,6 +49,8 @@ struct CudaRunOptions {
   int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
   int merge_wide = -1;           // CudaTreeAttentionOptions::merge_wide
   bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
+  int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
+  bool require_tma = false;      // throw unless the run loaded its full tiles by TMA (tma_active())
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -89,6 +91,7 @@ struct CudaTimingOptions {
   int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
   bool kv_head_major = false;    // K/V pools laid out [Hkv, S, d] (KvLayout::kHeadMajor)
+  int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
   bool trace = false;            // also record one run's per-CTA timeline (FT_TRACE builds only)
 };
 // True when the kernels of this binary were built with their timeline marks (-DFASTTREE_TRACE=ON).

@@ -96,7 +96,7 @@ struct DeviceCounts {
 // Diagnostics (cuda/trace.cuh, builds with FT_TRACE only): trace[kind][cta][event] holds %globaltimer
 // stamps in ns, 0 = not reached; kinds and events below.
 inline constexpr int kTraceCtas = 2048;
-inline constexpr int kTraceEvents = 12;
+inline constexpr int kTraceEvents = 16;
 enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
 enum TraceTreeEvent {
   kTrStart = 0,        // producer: kernel entry
@@ -110,12 +110,30 @@ enum TraceTreeEvent {
   kTrFirstQ = 8,       // producer: the first unit's Q loads issued
   kTrFirstKvBegin = 9,  // producer: the first tile's K/V slots resolved, before its copies
   kTrFirstKvEnd = 10,   // producer: the first tile's K/V copies issued (before its publish)
+  // Durations (ns summed over the CTA's run, not stamps; trace_add):
+  kTrConsWaitNs = 11,   // consumer warp 0: waiting on full barriers
+  kTrConsTiles = 12,    // consumer warp 0: tiles consumed (a count)
+  kTrProdWaitNs = 13,   // producer: waiting on empty barriers
+  kTrProdIssueNs = 14,  // producer: issuing a tile (Q, K/V copies, publish)
 };
 enum TraceMergeEvent { kTrMergeStart = 0, kTrMergeWaited = 1, kTrMergeEnd = 2 };
 
 // Tree-attention kernel: q [Q, Hq, d], k/v [S, Hkv, d] or [Hkv, S, d] (dtype T; kv strides below), out [Q, Hq, d] fp32,
 // lse [Q, Hq] fp32 (may be null), partial [rows, Hq, d] fp32, partial_lse [rows, Hq] fp32.
+// A TMA tensor-map descriptor (CUtensorMap: 128 opaque bytes, 64-byte aligned), held by value in
+// the kernel parameters (the kernels take them as __grid_constant__). Encoded by tma_desc.cpp.
+struct alignas(64) TmaDesc {
+  unsigned long long raw[16];
+};
+
 struct TreeAttnParams {
+  // K and V pools as 3-d tensors (d, slot, kv head) with 64-column x 64-slot boxes in the 128-byte
+  // swizzle of the shared K/V tiles; the producer loads a full tile that lies in one slot run with
+  // D / 32 TMA copies instead of cp.async. use_tma = 0: cp.async only (no descriptors).
+  TmaDesc tma_k;
+  TmaDesc tma_v;
+  int use_tma;
+
   const void* q;
   const void* k;
   const void* v;

@@ -62,6 +62,31 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t tx
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx_bytes) : "memory");
 }
 
+// Makes mbarrier initializations visible to the async proxy (TMA completions) and the cluster.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Raises the current phase's expected transaction bytes of mbarrier `bar` without an arrival
+// (the thread's own arrival comes later, after its other writes of the stage).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t tx_bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx_bytes) : "memory");
+}
+
+// TMA tile load (sm_90): the box of tensor map `desc` (generic address of a __grid_constant__
+// parameter) at coordinates (c0, c1, c2) into shared `dst`, completing as transactions on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* desc, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(desc), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Brings a tensor map into the descriptor cache ahead of its first use.
+__device__ __forceinline__ void tma_prefetch_desc(const void* desc) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(desc) : "memory");
+}
+
 // Bulk copy (copy engine, sm_90) of `bytes` (multiple of 16, 16-byte aligned ends) global -> shared,
 // completing as transactions on mbarrier `bar`.
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint64_t* bar) {

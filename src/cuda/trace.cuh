@@ -23,4 +23,12 @@ __device__ __forceinline__ void trace_mark(unsigned long long* trace, int kind, 
   }
 }
 
+// Adds `value` to slot `event` of this CTA (durations and counts; one writing thread per event).
+__device__ __forceinline__ void trace_add(unsigned long long* trace, int kind, int event, uint64_t value) {
+  if constexpr (FT_TRACE) {
+    if (trace != nullptr && blockIdx.x < kTraceCtas)
+      trace[(static_cast<int64_t>(kind) * kTraceCtas + blockIdx.x) * kTraceEvents + event] += value;
+  }
+}
+
 }  // namespace fasttree::cuda_detail

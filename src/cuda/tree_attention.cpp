@@ -14,6 +14,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_plan.h"
 #include "cuda/kernels.h"
+#include "cuda/tma_desc.h"
 
 namespace fasttree {
 
@@ -89,6 +90,12 @@ struct CudaTreeAttention::Impl {
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   int merge_wide_opt = -1;    // resolved merge_wide option (-1: by the plan)
   bool merge_wide = false;    // the uploaded plan merges with merge_kernel_wide
+  bool use_tma = true;        // full single-run K/V tiles by TMA (resolved FT_TMA; descriptors permitting)
+  // TMA descriptors of the last K/V pools run() saw (re-encoded only when a pointer changes).
+  mutable const void* tma_k_base = nullptr;
+  mutable const void* tma_v_base = nullptr;
+  mutable bool tma_ok = false;
+  mutable TmaDesc tma_k{}, tma_v{};
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
@@ -232,6 +239,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 1) != 0;
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
+  m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
            "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
   m.warp_min_units = std::max(0, env_or(options.warp_unit_min_units, "FT_WARP_MIN_UNITS", kDefaultWarpUnitMinUnits));
@@ -612,6 +620,21 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       p.kv_row_stride = m.shape.num_kv_heads * d;
       p.kv_head_stride = d;
     }
+    if (m.use_tma) {
+      if (k != m.tma_k_base || v != m.tma_v_base) {
+        const bool bf16 = m.dtype == KvDType::kBF16;
+        const int64_t slots = m.options.kv_slots;
+        m.tma_ok = encode_kv_tma(m.tma_k, k, bf16, d, m.shape.num_kv_heads, slots, p.kv_row_stride, p.kv_head_stride) &&
+                   encode_kv_tma(m.tma_v, v, bf16, d, m.shape.num_kv_heads, slots, p.kv_row_stride, p.kv_head_stride);
+        m.tma_k_base = k;
+        m.tma_v_base = v;
+      }
+      if (m.tma_ok) {
+        p.tma_k = m.tma_k;
+        p.tma_v = m.tma_v;
+        p.use_tma = 1;
+      }
+    }
     const bool has_warp = m.num_units > m.num_main_units, has_main = m.num_main_units > 0;
     if (has_warp && has_main && m.warp_overlap) {
       // Fork: the side stream waits for everything enqueued on `stream` so far (uploads, poison),
@@ -663,5 +686,6 @@ int CudaTreeAttention::num_queries() const { return impl_->num_queries; }
 int CudaTreeAttention::num_units() const { return impl_->num_units; }
 int CudaTreeAttention::grid_size() const { return impl_->grid; }
 bool CudaTreeAttention::warp_overlap() const { return impl_->warp_overlap; }
+bool CudaTreeAttention::tma_active() const { return impl_->use_tma && impl_->tma_ok; }
 
 }  // namespace fasttree

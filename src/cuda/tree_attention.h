@@ -98,7 +98,13 @@ struct CudaTreeAttentionOptions {
   // variable if set, else wide exactly when the plan averages >= kDefaultWideMergeRows partial rows
   // per merged query.
   int merge_wide = -1;
+  // 1: full K/V tiles that lie in one slot run are loaded by TMA (one copy per 64-column block
+  // instead of cp.async per 16 bytes); 0: cp.async only; < 0: the FT_TMA environment variable if
+  // set, else 1. Falls back to cp.async where the pools cannot be described (tma_active()).
+  int use_tma = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
+  // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
+  // bounds the TMA tensor (0: unbounded).
   int64_t kv_slots = 0;
   // Diagnostics: device buffer of kTraceKinds x kTraceCtas x kTraceEvents uint64 (device_plan.h)
   // that FT_TRACE builds of the kernels fill with per-CTA timeline marks; nullptr = none.
@@ -142,6 +148,9 @@ class CudaTreeAttention {
   int num_units() const;    // (block, kv head) units of the uploaded plan
   int grid_size() const;    // persistent CTAs per launch
   bool warp_overlap() const;  // the warp kernel runs on the side stream (resolved option)
+  // Whether the last run() loaded full single-run K/V tiles by TMA (FT_TMA != 0 and the pools'
+  // descriptors encoded); false before the first run().
+  bool tma_active() const;
 
  private:
   struct Impl;

@@ -482,7 +482,13 @@ struct Consumer {
     uint32_t parity = 0;
     [[maybe_unused]] int tiles_seen = 0, units_done = 0;  // FT_TRACE marks only
     for (;;) {
+      [[maybe_unused]] uint64_t tw = 0;
+      if constexpr (FT_TRACE) tw = globaltimer_ns();
       mbar_wait(&s.full[stage], parity);
+      if (FT_TRACE && warp == 0 && lane == 0) {
+        trace_add(p.trace, kTraceTree, kTrConsWaitNs, globaltimer_ns() - tw);
+        trace_add(p.trace, kTraceTree, kTrConsTiles, 1);
+      }
       if (FT_TRACE && warp == 0 && lane == 0 && tiles_seen++ == 0) trace_mark(p.trace, kTraceTree, kTrFirstFull);
       // Broadcast from lane 0: the compiler then knows every field is warp-uniform, so the wgmma
       // path is not treated as divergent (which would serialize its wgmmas).
@@ -519,6 +525,9 @@ struct Consumer {
         merge_tail(qslot, rows, kvh);
       }
       if (FT_TRACE && last && warp == 0 && lane == 0 && units_done++ == 0) trace_mark(p.trace, kTraceTree, kTrFirstUnit);
+      // A unit's last tile may have used the stage as combine scratch (generic stores): ordered
+      // before the producer's next TMA (async-proxy) writes into it.
+      if (last && p.use_tma) fence_proxy_async_shared();
       mbar_arrive(&s.empty[stage]);  // every thread, after its last read of the stage
       if (++stage == Cfg::kStages) {
         stage = 0;

@@ -26,7 +26,7 @@ namespace fasttree::cuda_detail {
 
 template <class T, int D>
 __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfig<D>::kMinBlocks)
-    tree_attention_kernel(const TreeAttnParams p) {
+    tree_attention_kernel(const __grid_constant__ TreeAttnParams p) {  // grid constant: TMA reads p.tma_k / p.tma_v in place
   using Cfg = TreeKernelConfig<D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // Swizzled tiles must start on 1024-byte boundaries (kSmemBytes has the 1 KB of slack).
@@ -49,6 +49,10 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
   // Barrier 0 (all kThreads threads) is reached from both role branches, once each (non-aligned form).
   if (warp == 4) {
     if (lane == 0) trace_mark(p.trace, kTraceTree, kTrStart);
+    if (p.use_tma && lane == 0) {
+      tma_prefetch_desc(&p.tma_k);
+      tma_prefetch_desc(&p.tma_v);
+    }
     Producer<T, D> prod(p, s, lane);
     prod.prologue();
     named_barrier_split(0, Cfg::kThreads);
@@ -59,6 +63,7 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
         mbar_init(&s.full[i], 64);                      // producer lanes: cp.async + plain arrival each
         mbar_init(&s.empty[i], Cfg::kConsumerThreads);  // every consumer thread
       }
+      fence_mbarrier_init();  // the initialized barriers, before TMA (async proxy) completes on them
     }
     named_barrier_split(0, Cfg::kThreads);
     Consumer<T, D> cons(p, s, warp, lane);

@@ -251,6 +251,21 @@ struct Producer {
       const T* kp = kg + off0;
       const T* vp = vg + off0;
       if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
+      if (count == kN && p.use_tma) {
+        // Full tile in one run, TMA: lane 0 raises the stage's expected bytes, then copies each
+        // 64-column block of K and V as one box (the tensor map's 128-byte swizzle is swz64's).
+        if (lane == 0) {
+          mbar_expect_tx(&s.full[stage], 2u * kN * D * sizeof(T));
+          const int slot = static_cast<int>(slot0);
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb) {
+            tma_load_3d(sk + cb * (64 * 64 * 2), &p.tma_k, cb * 64, slot, c.kvh, &s.full[stage]);
+            tma_load_3d(sv + cb * (64 * 64 * 2), &p.tma_v, cb * 64, slot, c.kvh, &s.full[stage]);
+          }
+        }
+        if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
+        return;
+      }
       if (count == kN) {
         // Full tile (the common case of long contexts): no row checks; each address is one
         // 32-bit multiply-add onto the lane's K or V base (the pass's row offset in bytes is
@@ -332,7 +347,14 @@ struct Producer {
     uint32_t parity = 1;  // empty barriers: the first round passes at once
     int seq = 0, t = 0, ntiles = 0;
     for (;;) {
+      [[maybe_unused]] uint64_t tw = 0;
+      if constexpr (FT_TRACE) tw = globaltimer_ns();
       mbar_wait(&s.empty[stage], parity);
+      if constexpr (FT_TRACE) {
+        const uint64_t now = globaltimer_ns();
+        if (lane == 0) trace_add(p.trace, kTraceTree, kTrProdWaitNs, now - tw);
+        tw = now;
+      }
       if (t == 0) {  // a new unit: its record has landed (see the header comment)
         const int unit = s.rec_unit[seq % Cfg::kRecSlots];
         if (unit >= num_units) break;
@@ -353,6 +375,7 @@ struct Producer {
       publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstIssue);
       if (t == 0) issue_record(seq + Cfg::kLook, take(seq + Cfg::kLook));  // into unit seq - 1's slot
+      if (FT_TRACE && lane == 0) trace_add(p.trace, kTraceTree, kTrProdIssueNs, globaltimer_ns() - tw);
       if (++stage == Cfg::kStages) {
         stage = 0;
         parity ^= 1;
