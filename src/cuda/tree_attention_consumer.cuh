@@ -11,10 +11,11 @@
 // just-consumed stage's K/V space) and writes coalesced float4 rows. Rows go to O[query] (+ LSE)
 // for direct queries, else to partial rows, which the fused merge (merge_tail: the CTA whose piece
 // completes a query merges it) or the separate merge kernel combines.
-// Full 64-row x 64-token tiles (R = 4, count = 64, d <= 128) run instead as one warpgroup on wgmma
-// (compute_wgmma: S and O += P V with K, Q and V read from the swizzled shared tiles), which reads
-// each K/V tile from shared memory once instead of once per warp; the same online softmax and
-// epilogue follow, since the wgmma accumulator layout per warp is the mma.sync one.
+// 64-row tiles (R = 4, d <= 128) run instead as one warpgroup on wgmma (compute_wgmma: S and
+// O += P V with K, Q and V read from the swizzled shared tiles), which reads each K/V tile from
+// shared memory once instead of once per warp; the same online softmax (masked for partial tiles
+// and private tokens) and epilogue follow, since the wgmma accumulator layout per warp is the
+// mma.sync one.
 #pragma once
 #include "cuda/merge_kernel.cuh"
 #include "cuda/tree_attention_common.cuh"
@@ -193,7 +194,11 @@ struct Consumer {
   // per-warp online softmax, then O += P V with P from registers and V from shared memory.
   static constexpr bool kWgmma = Cfg::kWgmma;
 
-  __device__ void compute_wgmma(uint32_t q_base, uint32_t k_base, uint32_t v_base, int count, bool first) {
+  // masked: a tile with fewer than 64 tokens or with private tokens; its columns outside tm's
+  // visible set get -inf (the producer zero-fills K/V rows [count, 64) of wgmma units, so P = 0
+  // there multiplies finite V).
+  template <bool kMasked>
+  __device__ void compute_wgmma(uint32_t q_base, uint32_t k_base, uint32_t v_base, bool first, const TreeMask& tm) {
     constexpr uint32_t kBlk = 64 * 64 * 2;  // bytes of one [64][64] column block of a tile
     float sc[8][4];
 #pragma unroll
@@ -209,7 +214,7 @@ struct Consumer {
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sc);
-    online_softmax<8, false>(sc, 0, first, TreeMask{});  // full tiles without private tokens only
+    online_softmax<8, kMasked>(sc, 0, first, tm);
     uint32_t pa[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -220,8 +225,8 @@ struct Consumer {
     }
     fence_regs(o);
     wgmma_fence();
-    // All 4 k-steps, also beyond count (P = 0 there; the producer zero-fills those V rows): a
-    // conditional wgmma would make ptxas serialize the whole sequence.
+    // All 4 k-steps, also beyond count (P = 0 there; the producer zero-fills those V rows of wgmma
+    // units): a conditional wgmma would make ptxas serialize the whole sequence.
 #pragma unroll
     for (int j = 0; j < 4; ++j) wgmma_rs_tb<T, D>(o, pa[j], gmma_desc(v_base + j * 16 * 128, kBlk, 1024));
     wgmma_commit();
@@ -445,12 +450,12 @@ struct Consumer {
       if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
     }
     if constexpr (kWg) {
-      // Full tiles on wgmma (every warp of the group, active or not); a unit's partial last tile
-      // (fewer than 64 tokens) on mma.sync, whose k-steps stop at the last token.
+      // Every tile on wgmma (every warp of the group, active or not); partial tiles and tiles with
+      // private tokens (folded leaves) with the column mask.
       if (count == kN && !priv) {
-        compute_wgmma(q_base, k_base, v_base, count, first);
-      } else if (active) {
-        compute<kN, false, true>(q_base, k_base, v_base, row_base, 0, count, first, tree_mask(qslot, row_base, count, priv, pt));
+        compute_wgmma<false>(q_base, k_base, v_base, first, TreeMask{});
+      } else {
+        compute_wgmma<true>(q_base, k_base, v_base, first, tree_mask(qslot, row_base, count, priv, pt));
       }
     } else {
       if (active && cb < count) {

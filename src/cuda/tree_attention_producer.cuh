@@ -231,7 +231,8 @@ struct Producer {
   }
 
   // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
-  // [count, round_up(count, 16)) are zeroed, rows beyond are never read (wgmma runs full tiles only).
+  // [count, round_up(count, 16)) are zeroed (all of [count, 64) for wgmma units, whose P V runs
+  // every k-step), rows beyond are never read.
   // mark: FT_TRACE builds stamp kTrFirstKvBegin / kTrFirstKvEnd around the copies.
   __device__ void issue_kv(UnitCtx& c, int t, int count, int stage, bool mark = false) const {
     const T* kg = static_cast<const T*>(p.k);
@@ -241,7 +242,7 @@ struct Producer {
     const int64_t row_stride = p.kv_row_stride;  // elements between slots
     const int64_t col_off = static_cast<int64_t>(c.kvh) * p.kv_head_stride + chunk * 8;
     const int base = c.d.kv_begin + t * kN;
-    const int fill = (count + 15) & ~15;
+    const int fill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : (count + 15) & ~15;
     ensure_window(c, base);
     const int k0 = window_search(c, base);  // same for every lane
     if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
