@@ -132,6 +132,10 @@ struct TreeAttnParams {
   // D / 32 TMA copies instead of cp.async. use_tma = 0: cp.async only (no descriptors).
   TmaDesc tma_k;
   TmaDesc tma_v;
+  // The same pools with 64-column x 16-slot boxes: the 16-row chunks of other tiles (partial, or
+  // over several runs) whose slots are consecutive.
+  TmaDesc tma_k16;
+  TmaDesc tma_v16;
   int use_tma;
 
   const void* q;

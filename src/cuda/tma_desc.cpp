@@ -31,17 +31,18 @@ EncodeTiled encode_fn() {
 }  // namespace
 
 bool encode_kv_tma(TmaDesc& out, const void* base, bool bf16, int64_t head_dim, int64_t num_kv_heads, int64_t slots,
-                   int64_t row_stride, int64_t head_stride) {
+                   int64_t row_stride, int64_t head_stride, int box_slots) {
   static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc) && alignof(TmaDesc) >= 64);
   const EncodeTiled fn = encode_fn();
-  if (fn == nullptr || base == nullptr || head_dim % 64 != 0 || num_kv_heads < 1) return false;
+  if (fn == nullptr || base == nullptr || head_dim % 64 != 0 || num_kv_heads < 1 || box_slots < 1 || box_slots > 256)
+    return false;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || (row_stride * 2) % 16 != 0 || (head_stride * 2) % 16 != 0)
     return false;
   const int64_t s = slots > 0 ? slots : int64_t{0x7fffffff};
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(s),
                               static_cast<cuuint64_t>(num_kv_heads)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride * 2), static_cast<cuuint64_t>(head_stride * 2)};
-  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_slots), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   CUtensorMap map;
   const CUresult r = fn(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,

@@ -8,11 +8,11 @@ namespace fasttree::cuda_detail {
 
 // Encodes `out` for a K or V pool at `base` ([S, Hkv, d] or [Hkv, S, d] 16-bit elements; element
 // offset of (slot, head) = slot * row_stride + head * head_stride) as the 3-d tensor (d, slot,
-// head) with boxes of 64 columns x 64 slots x 1 head in the 128-byte swizzle. slots = S (<= 0:
+// head) with boxes of 64 columns x box_slots slots x 1 head in the 128-byte swizzle. slots = S (<= 0:
 // unknown; the tensor then spans 2^31 - 1 slots, and only slots inside real runs are ever read).
 // Returns false (out untouched) where TMA cannot describe the pool: no driver entry point, a base
 // or stride that is not 16-byte aligned, head_dim not a multiple of 64, or an encode error.
 bool encode_kv_tma(TmaDesc& out, const void* base, bool bf16, int64_t head_dim, int64_t num_kv_heads, int64_t slots,
-                   int64_t row_stride, int64_t head_stride);
+                   int64_t row_stride, int64_t head_stride, int box_slots);
 
 }  // namespace fasttree::cuda_detail

@@ -95,7 +95,7 @@ struct CudaTreeAttention::Impl {
   mutable const void* tma_k_base = nullptr;
   mutable const void* tma_v_base = nullptr;
   mutable bool tma_ok = false;
-  mutable TmaDesc tma_k{}, tma_v{};
+  mutable TmaDesc tma_k{}, tma_v{}, tma_k16{}, tma_v16{};
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
@@ -624,14 +624,19 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       if (k != m.tma_k_base || v != m.tma_v_base) {
         const bool bf16 = m.dtype == KvDType::kBF16;
         const int64_t slots = m.options.kv_slots;
-        m.tma_ok = encode_kv_tma(m.tma_k, k, bf16, d, m.shape.num_kv_heads, slots, p.kv_row_stride, p.kv_head_stride) &&
-                   encode_kv_tma(m.tma_v, v, bf16, d, m.shape.num_kv_heads, slots, p.kv_row_stride, p.kv_head_stride);
+        const int64_t hkv = m.shape.num_kv_heads, rs = p.kv_row_stride, hs = p.kv_head_stride;
+        m.tma_ok = encode_kv_tma(m.tma_k, k, bf16, d, hkv, slots, rs, hs, 64) &&
+                   encode_kv_tma(m.tma_v, v, bf16, d, hkv, slots, rs, hs, 64) &&
+                   encode_kv_tma(m.tma_k16, k, bf16, d, hkv, slots, rs, hs, 16) &&
+                   encode_kv_tma(m.tma_v16, v, bf16, d, hkv, slots, rs, hs, 16);
         m.tma_k_base = k;
         m.tma_v_base = v;
       }
       if (m.tma_ok) {
         p.tma_k = m.tma_k;
         p.tma_v = m.tma_v;
+        p.tma_k16 = m.tma_k16;
+        p.tma_v16 = m.tma_v16;
         p.use_tma = 1;
       }
     }

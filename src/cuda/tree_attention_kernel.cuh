@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
     if (p.use_tma && lane == 0) {
       tma_prefetch_desc(&p.tma_k);
       tma_prefetch_desc(&p.tma_v);
+      tma_prefetch_desc(&p.tma_k16);
+      tma_prefetch_desc(&p.tma_v16);
     }
     Producer<T, D> prod(p, s, lane);
     prod.prologue();

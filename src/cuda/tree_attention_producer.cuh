@@ -23,6 +23,10 @@
 //              base + r * row_stride, no per-row lookup at all;
 //   slow path  the tile crosses runs: each lane resolves rows lane and lane + 32 by a binary search
 //              in the window (shuffles), then each copy pass shuffles its row's slot.
+// TMA (p.use_tma): a full tile inside one run is 2 x D / 64 tensor copies of 64-slot boxes; other
+// tiles copy each 16-row chunk whose rows are all valid and on consecutive slots (one run, or
+// runs that continue each other) as 16-slot boxes, the remaining rows by cp.async. Lane 0 raises
+// the full barrier's expected bytes before its copies; the tensor maps' 128-byte swizzle is swz64.
 // Stage handover: full[s] gets 64 arrivals per tile (each lane once when its cp.asyncs land, once
 // after its plain shared stores), empty[s] 128 (every consumer thread).
 #pragma once
@@ -230,6 +234,27 @@ struct Producer {
     return __any_sync(kFullMask, partial);
   }
 
+  // Lane 0: the 16-row chunks i of `mask` (chunk i = tile rows [16 i, 16 i + 16), first slot si)
+  // of stage `stage` by TMA, 16-slot boxes per 64-column block of K and V, after raising the full
+  // barrier's expected bytes by all of them.
+  __device__ void tma_chunks(int mask, int stage, int kvh, int s0, int s1, int s2, int s3) const {
+    const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
+    const uint32_t sv = sk + kN * D * 2;
+    mbar_expect_tx(&s.full[stage], static_cast<uint32_t>(__popc(mask)) * 2u * 16u * D * sizeof(T));
+    const int first[4] = {s0, s1, s2, s3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if ((mask >> i) & 1) {
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb) {
+          const uint32_t off = cb * (64 * 64 * 2) + i * 16 * 128;  // 16 rows of 128 bytes into the block
+          tma_load_3d(sk + off, &p.tma_k16, cb * 64, first[i], kvh, &s.full[stage]);
+          tma_load_3d(sv + off, &p.tma_v16, cb * 64, first[i], kvh, &s.full[stage]);
+        }
+      }
+    }
+  }
+
   // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
   // [count, round_up(count, 16)) are zeroed (all of [count, 64) for wgmma units, whose P V runs
   // every k-step), rows beyond are never read.
@@ -282,9 +307,15 @@ struct Producer {
         if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
         return;
       }
+      // Partial tile in one run: its full 16-row chunks by TMA, the rest by cp.async.
+      const int tmask = p.use_tma ? (1 << (count >> 4)) - 1 : 0;
+      if (tmask != 0 && lane == 0) {
+        const int slot = static_cast<int>(slot0);
+        tma_chunks(tmask, stage, c.kvh, slot, slot + 16, slot + 32, slot + 48);
+      }
 #pragma unroll
       for (int ps = 0; ps < kPasses; ++ps) {
-        if (ps * kRpp < fill) {
+        if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
           const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
           const int64_t o = ps * kRpp * row_stride;
           cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
@@ -307,9 +338,28 @@ struct Producer {
         slot[h] = 32 * h + lane < count ? static_cast<int>(sl) : 0;
       }
     }
+    // 16-row chunks whose rows are all valid and on consecutive slots: by TMA (the ballot marks
+    // rows that continue the previous row's slot; a chunk's first row starts it).
+    int tmask = 0;
+    int cs[4] = {0, 0, 0, 0};  // slot of each chunk's first row
+    if (p.use_tma) {
+      unsigned run[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int prev = __shfl_up_sync(kFullMask, slot[h], 1);
+        run[h] = __ballot_sync(kFullMask, (lane & 15) == 0 || slot[h] == prev + 1);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        cs[i] = __shfl_sync(kFullMask, slot[i >> 1], (i & 1) * 16);
+        const unsigned half = (run[i >> 1] >> ((i & 1) * 16)) & 0xffffu;
+        if (16 * i + 16 <= count && half == 0xffffu) tmask |= 1 << i;
+      }
+      if (tmask != 0 && lane == 0) tma_chunks(tmask, stage, c.kvh, cs[0], cs[1], cs[2], cs[3]);
+    }
 #pragma unroll 8
     for (int ps = 0; ps < kPasses; ++ps) {
-      if (ps * kRpp < fill) {
+      if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
         const int row = ps * kRpp + sub;
         const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
         const bool valid = row < count;
