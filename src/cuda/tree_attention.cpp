@@ -90,7 +90,7 @@ struct CudaTreeAttention::Impl {
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   int merge_wide_opt = -1;    // resolved merge_wide option (-1: by the plan)
   bool merge_wide = false;    // the uploaded plan merges with merge_kernel_wide
-  bool use_tma = true;        // full single-run K/V tiles by TMA (resolved FT_TMA; descriptors permitting)
+  bool use_tma = true;        // K/V tiles and consecutive-slot 16-row chunks by TMA (resolved FT_TMA; descriptors permitting)
   // TMA descriptors of the last K/V pools run() saw (re-encoded only when a pointer changes).
   mutable const void* tma_k_base = nullptr;
   mutable const void* tma_v_base = nullptr;

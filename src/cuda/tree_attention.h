@@ -98,8 +98,9 @@ struct CudaTreeAttentionOptions {
   // variable if set, else wide exactly when the plan averages >= kDefaultWideMergeRows partial rows
   // per merged query.
   int merge_wide = -1;
-  // 1: full K/V tiles that lie in one slot run are loaded by TMA (one copy per 64-column block
-  // instead of cp.async per 16 bytes); 0: cp.async only; < 0: the FT_TMA environment variable if
+  // 1: K/V tiles that lie in one slot run, and the 16-row chunks of other tiles whose slots are
+  // consecutive, are loaded by TMA (one copy per 64-column block instead of cp.async per 16
+  // bytes); 0: cp.async only; < 0: the FT_TMA environment variable if
   // set, else 1. Falls back to cp.async where the pools cannot be described (tma_active()).
   int use_tma = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
@@ -148,7 +149,7 @@ class CudaTreeAttention {
   int num_units() const;    // (block, kv head) units of the uploaded plan
   int grid_size() const;    // persistent CTAs per launch
   bool warp_overlap() const;  // the warp kernel runs on the side stream (resolved option)
-  // Whether the last run() loaded full single-run K/V tiles by TMA (FT_TMA != 0 and the pools'
+  // Whether the last run() loaded K/V tiles by TMA where it could (FT_TMA != 0 and the pools'
   // descriptors encoded); false before the first run().
   bool tma_active() const;
 
