@@ -110,7 +110,7 @@ enum TraceTreeEvent {
   kTrFirstQ = 8,       // producer: the first unit's Q loads issued
   kTrFirstKvBegin = 9,  // producer: the first tile's K/V slots resolved, before its copies
   kTrFirstKvEnd = 10,   // producer: the first tile's K/V copies issued (before its publish)
-  // Durations (ns summed over the CTA's run, not stamps; trace_add):
+  // Durations (ns summed over the CTA's run, not stamps; stored once at the end, trace_put):
   kTrConsWaitNs = 11,   // consumer warp 0: waiting on full barriers
   kTrConsTiles = 12,    // consumer warp 0: tiles consumed (a count)
   kTrProdWaitNs = 13,   // producer: waiting on empty barriers

@@ -23,11 +23,13 @@ __device__ __forceinline__ void trace_mark(unsigned long long* trace, int kind, 
   }
 }
 
-// Adds `value` to slot `event` of this CTA (durations and counts; one writing thread per event).
-__device__ __forceinline__ void trace_add(unsigned long long* trace, int kind, int event, uint64_t value) {
+// Stores `value` into slot `event` of this CTA (sums of durations and counts, accumulated in
+// registers by the caller and stored once at the end: a read-modify-write of global memory per
+// tile would put a memory round trip on the very path being measured).
+__device__ __forceinline__ void trace_put(unsigned long long* trace, int kind, int event, uint64_t value) {
   if constexpr (FT_TRACE) {
     if (trace != nullptr && blockIdx.x < kTraceCtas)
-      trace[(static_cast<int64_t>(kind) * kTraceCtas + blockIdx.x) * kTraceEvents + event] += value;
+      trace[(static_cast<int64_t>(kind) * kTraceCtas + blockIdx.x) * kTraceEvents + event] = value;
   }
 }
 

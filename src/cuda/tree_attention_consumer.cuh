@@ -486,21 +486,20 @@ struct Consumer {
     int stage = 0;
     uint32_t parity = 0;
     [[maybe_unused]] int tiles_seen = 0, units_done = 0;  // FT_TRACE marks only
+    [[maybe_unused]] uint64_t sum_wait = 0;                // FT_TRACE: full-barrier wait (ns)
     for (;;) {
       [[maybe_unused]] uint64_t tw = 0;
       if constexpr (FT_TRACE) tw = globaltimer_ns();
       mbar_wait(&s.full[stage], parity);
-      if (FT_TRACE && warp == 0 && lane == 0) {
-        trace_add(p.trace, kTraceTree, kTrConsWaitNs, globaltimer_ns() - tw);
-        trace_add(p.trace, kTraceTree, kTrConsTiles, 1);
-      }
-      if (FT_TRACE && warp == 0 && lane == 0 && tiles_seen++ == 0) trace_mark(p.trace, kTraceTree, kTrFirstFull);
+      if constexpr (FT_TRACE) sum_wait += globaltimer_ns() - tw;
+      if (FT_TRACE && warp == 0 && lane == 0 && tiles_seen == 0) trace_mark(p.trace, kTraceTree, kTrFirstFull);
       // Broadcast from lane 0: the compiler then knows every field is warp-uniform, so the wgmma
       // path is not treated as divergent (which would serialize its wgmmas).
       const int4 sm = s.meta[stage];
       const int4 meta = make_int4(__shfl_sync(kFullMask, sm.x, 0), __shfl_sync(kFullMask, sm.y, 0),
                                   __shfl_sync(kFullMask, sm.z, 0), __shfl_sync(kFullMask, sm.w, 0));
       if (meta.x < 0) break;
+      if constexpr (FT_TRACE) ++tiles_seen;
       const int count = meta.y, rows = meta.z & 0xff, flags = meta.w;
       const bool first = (flags & TileMetaBits::kFirst) != 0;
       const bool last = (flags & TileMetaBits::kLast) != 0;
@@ -539,7 +538,11 @@ struct Consumer {
         parity ^= 1;
       }
     }
-    if (warp == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrConsumerEnd);
+    if (warp == 0 && lane == 0) {
+      trace_put(p.trace, kTraceTree, kTrConsWaitNs, sum_wait);
+      trace_put(p.trace, kTraceTree, kTrConsTiles, static_cast<uint64_t>(tiles_seen));
+      trace_mark(p.trace, kTraceTree, kTrConsumerEnd);
+    }
     if (p.merge_count != nullptr) zero_orphans();
   }
 };

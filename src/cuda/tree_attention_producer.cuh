@@ -397,13 +397,14 @@ struct Producer {
     int stage = 0;
     uint32_t parity = 1;  // empty barriers: the first round passes at once
     int seq = 0, t = 0, ntiles = 0;
+    [[maybe_unused]] uint64_t sum_wait = 0, sum_issue = 0;  // FT_TRACE sums
     for (;;) {
       [[maybe_unused]] uint64_t tw = 0;
       if constexpr (FT_TRACE) tw = globaltimer_ns();
       mbar_wait(&s.empty[stage], parity);
       if constexpr (FT_TRACE) {
         const uint64_t now = globaltimer_ns();
-        if (lane == 0) trace_add(p.trace, kTraceTree, kTrProdWaitNs, now - tw);
+        sum_wait += now - tw;
         tw = now;
       }
       if (t == 0) {  // a new unit: its record has landed (see the header comment)
@@ -426,7 +427,7 @@ struct Producer {
       publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstIssue);
       if (t == 0) issue_record(seq + Cfg::kLook, take(seq + Cfg::kLook));  // into unit seq - 1's slot
-      if (FT_TRACE && lane == 0) trace_add(p.trace, kTraceTree, kTrProdIssueNs, globaltimer_ns() - tw);
+      if constexpr (FT_TRACE) sum_issue += globaltimer_ns() - tw;
       if (++stage == Cfg::kStages) {
         stage = 0;
         parity ^= 1;
@@ -451,7 +452,11 @@ struct Producer {
         atomicExch(p.work_counter + 1, 0);
       }
     }
-    if (lane == 0) trace_mark(p.trace, kTraceTree, kTrProducerEnd);
+    if (lane == 0) {
+      trace_put(p.trace, kTraceTree, kTrProdWaitNs, sum_wait);
+      trace_put(p.trace, kTraceTree, kTrProdIssueNs, sum_issue);
+      trace_mark(p.trace, kTraceTree, kTrProducerEnd);
+    }
   }
 };
 
