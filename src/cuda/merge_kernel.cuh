@@ -27,13 +27,21 @@
 
 namespace fasttree::cuda_detail {
 
-inline constexpr int kMergeThreads = 256;
+inline constexpr int kMergeThreads = 256;  // merge_kernel_wide
+// merge_kernel: small CTAs of at most 64 registers per thread (kMergeStep rows in flight per lane
+// group), so that one fits on an SM beside the tree kernel's two CTAs (a programmatic dependent is
+// then placed, and runs its prologue, while the tree kernel still runs) and 8 fit per SM after it.
+// The 256-thread, 8-row version took 110 registers: 2 CTAs per SM, 16 warps, DRAM at 49 % on a
+// merge of 4 rows per job (PERF_NOTES.md).
+inline constexpr int kMergeSmallThreads = 128;
+inline constexpr int kMergeSmallBlocks = 8;
+inline constexpr int kMergeSmallStep = 4;
 
-template <int D>
+template <int D, int Step = 8>
 struct MergeShape {
   static constexpr int kLpj = D / 8;         // lanes per job: 8, 16, 32
   static constexpr int kJpw = 32 / kLpj;     // jobs per warp: 4, 2, 1
-  static constexpr int kStep = 8;            // rows whose loads are issued together
+  static constexpr int kStep = Step;         // rows whose loads are issued together
   static_assert(2 * kLpj * 4 == D, "two float4 per lane");
 };
 
@@ -154,19 +162,18 @@ struct MergeState {
 // group of kLpj lanes holds float4 columns k and k + kLpj).
 // The row ids of the first step (merge_rows[rb .. rb + min(n, kStep)), -1 beyond n): plan data,
 // which the separate merge kernel loads before it waits for the tree kernel's partials.
-template <int D>
-__device__ __forceinline__ void first_merge_rows(const int32_t* __restrict__ merge_rows, int rb, int n,
-                                                 int (&rows)[MergeShape<D>::kStep]) {
+template <int D, int Step>
+__device__ __forceinline__ void first_merge_rows(const int32_t* __restrict__ merge_rows, int rb, int n, int (&rows)[Step]) {
 #pragma unroll
-  for (int j = 0; j < MergeShape<D>::kStep; ++j) rows[j] = j < n ? __ldg(merge_rows + rb + j) : -1;
+  for (int j = 0; j < Step; ++j) rows[j] = j < n ? __ldg(merge_rows + rb + j) : -1;
 }
 
 // rows: the first step's ids from first_merge_rows (consumed).
-template <int D>
+template <int D, int Step>
 __device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restrict__ merge_rows, const float* partial,
                                                         const float* partial_lse, int hq, int h, int rb, int n, int k,
-                                                        int (&rows)[MergeShape<D>::kStep]) {
-  constexpr int kStep = MergeShape<D>::kStep;
+                                                        int (&rows)[Step]) {
+  constexpr int kStep = Step;
   constexpr int kLpj = MergeShape<D>::kLpj;
   constexpr float kLog2e = 1.4426950408889634f;
   const float ninf = __int_as_float(0xff800000);
@@ -218,10 +225,10 @@ __device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restric
 
 // A merge job's plan data: query, head, its merge rows [rb, rb + n) (n = 0: inactive) and the
 // first step's row ids.
-template <int D>
+template <int D, int Step>
 struct MergeJob {
   int q = 0, h = 0, rb = 0, n = 0;
-  int rows[MergeShape<D>::kStep];
+  int rows[Step];
 
   __device__ void load(const MergeParams& p, int job, int total, int hq) {
     q = h = rb = n = 0;
@@ -236,7 +243,7 @@ struct MergeJob {
   __device__ void first_rows(const MergeParams& p, int b, int e) {
     rb += b;
     n = e - b;
-    first_merge_rows<D>(p.merge_rows, rb, n, rows);
+    first_merge_rows<D, Step>(p.merge_rows, rb, n, rows);
   }
 };
 
@@ -244,15 +251,15 @@ struct MergeJob {
 // job runs before griddep_wait: as a programmatic dependent, the kernel's CTAs do that while the
 // tree kernel drains, and only the partial rows are read after the wait.
 template <int D>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams p) {
+__global__ void __launch_bounds__(kMergeSmallThreads, kMergeSmallBlocks) merge_kernel(const MergeParams p) {
   constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;
   const int lane = threadIdx.x % 32, k = lane % kLpj;
-  const int warp = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32;
-  const int warps = gridDim.x * (kMergeThreads / 32);
+  const int warp = blockIdx.x * (kMergeSmallThreads / 32) + threadIdx.x / 32;
+  const int warps = gridDim.x * (kMergeSmallThreads / 32);
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeStart);
-  MergeJob<D> job;
+  MergeJob<D, kMergeSmallStep> job;
   int j0 = warp * kJpw;
   job.load(p, j0 + lane / kLpj, total, hq);
   job.first_rows(p, 0, job.n);
@@ -263,7 +270,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
       job.load(p, j0 + lane / kLpj, total, hq);
       job.first_rows(p, 0, job.n);
     }
-    const MergeState st = merge_rows_online<D>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
+    const MergeState st =
+        merge_rows_online<D, kMergeSmallStep>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
     if (j0 + lane / kLpj < total)  // active (a job with no rows stores O = 0, LSE = -inf)
       merge_store<D>(p.out, p.lse, hq, job.q, job.h, k, st.acc, st.sum, st.mx);
   }
@@ -286,7 +294,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergePa
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;
   const int grp = threadIdx.x / kLpj, k = threadIdx.x % kLpj;
-  MergeJob<D> jb;
+  MergeJob<D, MergeShape<D>::kStep> jb;
   // This group's share [b, e) of a job's n rows.
   auto narrow = [&] {
     const int n = jb.n, share = (n + kGroups - 1) / kGroups;
@@ -304,7 +312,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergePa
       narrow();
     }
     const int q = jb.q, h = jb.h;
-    const MergeState st = merge_rows_online<D>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
+    const MergeState st =
+        merge_rows_online<D, MergeShape<D>::kStep>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
     s_acc[grp][k] = st.acc[0];
     s_acc[grp][k + kLpj] = st.acc[1];
     if (k == 0) s_ms[grp] = make_float2(st.mx, st.sum);

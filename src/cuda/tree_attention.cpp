@@ -233,7 +233,8 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   const int want_main = env_or(options.ctas_per_sm > 0 ? options.ctas_per_sm : -1, "FT_MAIN_CTAS", 0);
   const int per_sm = want_main > 0 ? std::min(want_main, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
   m.grid = m.num_sms * per_sm;
-  m.merge_grid = m.num_sms * 4;
+  m.merge_grid = m.num_sms * std::max(1, env_or(-1, "FT_MERGE_CTAS", 8));
+  if (!options.fuse_merge && env_or(-1, "FT_FUSE_MERGE", 0) != 0) m.options.fuse_merge = options.fuse_merge = true;
   m.warp_max_kv = env_or(options.warp_unit_max_kv, "FT_WARP_UNITS", kDefaultWarpUnitMaxKv);
   if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
   m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 1) != 0;
@@ -669,8 +670,8 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     mp.lse = lse;
     mp.num_qo_heads = m.shape.num_qo_heads;
     mp.trace = m.options.trace;
-    // The wide kernel: grid-stride over jobs with up to 8 CTAs per SM.
-    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_wide ? 2 * m.merge_grid : m.merge_grid, stream,
+    // Both kernels grid-stride over their jobs (merge_grid: 8 CTAs per SM by default).
+    FT_CUDA_CHECK(merge_kernel_launch(m.shape.head_dim, mp, m.merge_grid, stream,
                                       m.merge_pdl && merge_follows_kernel, m.merge_wide));
   }
 }
