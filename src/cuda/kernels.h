@@ -40,10 +40,19 @@ int warp_kernel_prepare(int& ctas_per_sm, const WarpKernelShape& shape);
 template <int DType, int D>
 int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream, const WarpKernelShape& shape);
 
+// Both separate merge kernels (merge_kernel.cuh) run CTAs of kMergeThreads threads and at most 64
+// registers (kMergeBlocksPerSm fit on an SM; one fits beside the tree kernel's two CTAs, so a
+// programmatic dependent is placed and runs its prologue while the tree kernel still runs), each
+// lane group keeping kMergeStep partial rows in flight. The 256-thread, 8-row versions took 110
+// registers: 2 CTAs per SM, DRAM at 49 % on a merge of 4 rows per job (PERF_NOTES.md).
+inline constexpr int kMergeThreads = 128;
+inline constexpr int kMergeBlocksPerSm = 8;
+inline constexpr int kMergeStep = 4;
+
 // Launches the merge kernel (grid-stride over non-direct queries x heads). pdl: as a programmatic
 // dependent of the kernel enqueued just before it on `stream` (that kernel must be the one writing
 // the partials, and nothing else may come between them).
-// wide: merge_kernel_wide (one CTA per job; plans with many partial rows per job).
+// wide: merge_kernel_wide (one CTA per job, its rows split over the CTA's lane groups).
 int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide);
 
 // An empty kernel of `grid` CTAs x 32 threads (benchmarks: the cost of one launch in the timing

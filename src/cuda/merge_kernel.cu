@@ -16,14 +16,13 @@ namespace {
 template <int D>
 int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide) {
   const auto kernel = wide ? merge_kernel_wide<D> : merge_kernel<D>;
-  const int threads = wide ? kMergeThreads : kMergeSmallThreads;
   if (!pdl) {
-    kernel<<<grid, threads, 0, stream>>>(params);
+    kernel<<<grid, kMergeThreads, 0, stream>>>(params);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(threads);
+  cfg.blockDim = dim3(kMergeThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];

@@ -22,20 +22,13 @@
 #include <cuda_runtime.h>
 
 #include "cuda/device_plan.h"
+#include "cuda/kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/trace.cuh"
 
 namespace fasttree::cuda_detail {
 
-inline constexpr int kMergeThreads = 256;  // merge_kernel_wide
-// merge_kernel: small CTAs of at most 64 registers per thread (kMergeStep rows in flight per lane
-// group), so that one fits on an SM beside the tree kernel's two CTAs (a programmatic dependent is
-// then placed, and runs its prologue, while the tree kernel still runs) and 8 fit per SM after it.
-// The 256-thread, 8-row version took 110 registers: 2 CTAs per SM, 16 warps, DRAM at 49 % on a
-// merge of 4 rows per job (PERF_NOTES.md).
-inline constexpr int kMergeSmallThreads = 128;
-inline constexpr int kMergeSmallBlocks = 8;
-inline constexpr int kMergeSmallStep = 4;
+// CTA shape of both separate merge kernels: kMergeThreads, kMergeBlocksPerSm, kMergeStep (kernels.h).
 
 template <int D, int Step = 8>
 struct MergeShape {
@@ -251,15 +244,15 @@ struct MergeJob {
 // job runs before griddep_wait: as a programmatic dependent, the kernel's CTAs do that while the
 // tree kernel drains, and only the partial rows are read after the wait.
 template <int D>
-__global__ void __launch_bounds__(kMergeSmallThreads, kMergeSmallBlocks) merge_kernel(const MergeParams p) {
+__global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel(const MergeParams p) {
   constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;
   const int lane = threadIdx.x % 32, k = lane % kLpj;
-  const int warp = blockIdx.x * (kMergeSmallThreads / 32) + threadIdx.x / 32;
-  const int warps = gridDim.x * (kMergeSmallThreads / 32);
+  const int warp = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32;
+  const int warps = gridDim.x * (kMergeThreads / 32);
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeStart);
-  MergeJob<D, kMergeSmallStep> job;
+  MergeJob<D, kMergeStep> job;
   int j0 = warp * kJpw;
   job.load(p, j0 + lane / kLpj, total, hq);
   job.first_rows(p, 0, job.n);
@@ -271,7 +264,7 @@ __global__ void __launch_bounds__(kMergeSmallThreads, kMergeSmallBlocks) merge_k
       job.first_rows(p, 0, job.n);
     }
     const MergeState st =
-        merge_rows_online<D, kMergeSmallStep>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
+        merge_rows_online<D, kMergeStep>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
     if (j0 + lane / kLpj < total)  // active (a job with no rows stores O = 0, LSE = -inf)
       merge_store<D>(p.out, p.lse, hq, job.q, job.h, k, st.acc, st.sum, st.mx);
   }
@@ -284,9 +277,9 @@ __global__ void __launch_bounds__(kMergeSmallThreads, kMergeSmallBlocks) merge_k
 // the kGroups states are combined through shared memory, so a job costs about one L2 round trip
 // instead of one per 8 rows.
 template <int D>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergeParams p) {
+__global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel_wide(const MergeParams p) {
   constexpr int kLpj = MergeShape<D>::kLpj;
-  constexpr int kGroups = kMergeThreads / kLpj;  // 32, 16, 8
+  constexpr int kGroups = kMergeThreads / kLpj;  // 16, 8, 4
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ float4 s_acc[kGroups][2 * kLpj];  // group g's float4 columns (column c at index c)
   __shared__ float2 s_ms[kGroups];             // (mx, sum) of group g
@@ -294,7 +287,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergePa
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;
   const int grp = threadIdx.x / kLpj, k = threadIdx.x % kLpj;
-  MergeJob<D, MergeShape<D>::kStep> jb;
+  MergeJob<D, kMergeStep> jb;
   // This group's share [b, e) of a job's n rows.
   auto narrow = [&] {
     const int n = jb.n, share = (n + kGroups - 1) / kGroups;
@@ -313,7 +306,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel_wide(const MergePa
     }
     const int q = jb.q, h = jb.h;
     const MergeState st =
-        merge_rows_online<D, MergeShape<D>::kStep>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
+        merge_rows_online<D, kMergeStep>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
     s_acc[grp][k] = st.acc[0];
     s_acc[grp][k + kLpj] = st.acc[1];
     if (k == 0) s_ms[grp] = make_float2(st.mx, st.sum);

@@ -206,6 +206,25 @@ struct CudaTreeAttention::Impl {
   }
 };
 
+namespace {
+
+// Which separate merge kernel has the shorter chain of dependent L2 round trips for a plan of
+// `jobs` (query, head) jobs averaging rows / queries partial rows each, on `grid` CTAs: the lane-group
+// kernel takes kMergeStep rows per round trip and holds grid x kMergeThreads / (d / 8) jobs at a time,
+// the wide one splits a job's rows over a CTA's lane groups (one job per CTA at a time) and pays a
+// barrier and a shared-memory combine per job (counted as half a round trip).
+bool prefer_wide_merge(int64_t jobs, int64_t rows, int64_t queries, int64_t grid, int head_dim) {
+  if (jobs <= 0 || queries <= 0 || grid <= 0) return false;
+  const int64_t lanes_per_job = head_dim / 8, groups = kMergeThreads / lanes_per_job;
+  const int64_t per_job = (rows + queries - 1) / queries;
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const double narrow = static_cast<double>(ceil_div(jobs, grid * groups) * ceil_div(per_job, kMergeStep));
+  const double wide = static_cast<double>(ceil_div(jobs, grid)) * (ceil_div(per_job, kMergeStep * groups) + 0.5);
+  return wide < narrow;
+}
+
+}  // namespace
+
 CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, float sm_scale,
                                      CudaTreeAttentionOptions options)
     : impl_(std::make_unique<Impl>()) {
@@ -566,10 +585,9 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   m.num_units = static_cast<int>(num_blocks * sh.num_kv_heads);
   m.num_main_units = static_cast<int>(num_main_blocks * sh.num_kv_heads);
   m.num_merge = static_cast<int>(num_merge);
-  // Many partial rows per merged query (few queries, long split contexts): one CTA per job.
   m.merge_wide = m.merge_wide_opt >= 0 ? m.merge_wide_opt != 0
-                                       : num_merge > 0 && static_cast<int64_t>(plan.merge_rows.size()) >=
-                                                              kDefaultWideMergeRows * num_merge;
+                                       : prefer_wide_merge(num_merge * sh.num_qo_heads, static_cast<int64_t>(plan.merge_rows.size()),
+                                                           num_merge, m.merge_grid, sh.head_dim);
   m.num_orphans = static_cast<int>(num_orphans);
   m.num_partial_rows = rows_cap;
   m.uploaded = true;

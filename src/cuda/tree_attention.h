@@ -94,9 +94,9 @@ struct CudaTreeAttentionOptions {
   // FT_MERGE_PDL environment variable if set, else 1.
   int merge_pdl = -1;
   // Merge kernel variant: 1 = merge_kernel_wide (one CTA per (query, head) job, its rows split over
-  // 16 lane groups), 0 = merge_kernel (a lane group per job); < 0: the FT_MERGE_WIDE environment
-  // variable if set, else wide exactly when the plan averages >= kDefaultWideMergeRows partial rows
-  // per merged query.
+  // the CTA's lane groups), 0 = merge_kernel (a lane group per job); < 0: the FT_MERGE_WIDE
+  // environment variable if set, else the one with the shorter chain of dependent round trips for
+  // the plan's jobs and partial rows per job (tree_attention.cpp, prefer_wide_merge).
   int merge_wide = -1;
   // 1: K/V tiles that lie in one slot run, and the 16-row chunks of other tiles whose slots are
   // consecutive, are loaded by TMA (one copy per 64-column block instead of cp.async per 16
@@ -112,7 +112,6 @@ struct CudaTreeAttentionOptions {
   unsigned long long* trace = nullptr;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 128;
-inline constexpr int kDefaultWideMergeRows = 16;
 inline constexpr int kDefaultWarpStaged = 1;
 inline constexpr int kDefaultWarpStages = 2;
 inline constexpr int kDefaultWarpCtaWarps = 3;
