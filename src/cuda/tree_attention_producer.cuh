@@ -62,7 +62,11 @@ struct Producer {
   int sub, chunk;       // this lane's row within a pass and 16-byte chunk within the row
   int num_units;
   int pending = 0;      // lane 0: result of the claim issued one take() earlier
-  uint32_t so[kPer];    // byte offset in a [kN][D] tile (swz64) of this lane's chunk in pass j < kPer
+  // Byte offset in a [kN][D] tile (swz64) of this lane's chunk in pass j < kPer; pass p0 + j
+  // (p0 a multiple of kPer) adds (p0 / kPer) x 1 KB (8 rows of a 64-column block). The copy loops
+  // run over p0 rolled and over j unrolled: the producer's code is fetched on the critical path of
+  // every small plan (PERF_NOTES.md, session 9), fully unrolled pass loops tripled its size.
+  uint32_t so[kPer];
 
   __device__ Producer(const TreeAttnParams& params, const SmemLayout& smem, int lane_id)
       : p(params), s(smem), lane(lane_id) {
@@ -83,8 +87,6 @@ struct Producer {
     return p.work_counter != nullptr && num_units > Cfg::kLook * static_cast<int>(gridDim.x);
   }
 
-  // Shared byte offset of this lane's chunk in copy pass ps of a tile.
-  __device__ __forceinline__ uint32_t pass_off(int ps) const { return (ps / kPer) * 8 * 64 * 2 + so[ps % kPer]; }
 
   // Unit of sequence index seq (>= num_units: none). Static for seq < kLook or without the atomic
   // counter; otherwise the claim issued by the previous call (so the atomic's latency overlaps a
@@ -224,7 +226,7 @@ struct Producer {
       }
     }
     const int fill = (c.d.rows + 15) & ~15;
-#pragma unroll 4
+#pragma unroll 2
     for (int r0 = 0; r0 < fill; r0 += kRpp) {
       const int row = r0 + sub;
       const int64_t off = shfl_i64(r0 < 32 ? qoff[0] : qoff[1], row & 31);
@@ -299,10 +301,14 @@ struct Producer {
         const char* kb = reinterpret_cast<const char*>(kp);
         const char* vb = reinterpret_cast<const char*>(vp);
         const uint32_t step = static_cast<uint32_t>(kRpp * row_stride * static_cast<int64_t>(sizeof(T)));
+#pragma unroll 1
+        for (int p0 = 0; p0 < kPasses; p0 += kPer) {
 #pragma unroll
-        for (int ps = 0; ps < kPasses; ++ps) {
-          cp_async_16_full(sk + pass_off(ps), kb + ps * step);
-          cp_async_16_full(sv + pass_off(ps), vb + ps * step);
+          for (int j = 0; j < kPer; ++j) {
+            const uint32_t o = (p0 / kPer) * 8 * 64 * 2 + so[j];
+            cp_async_16_full(sk + o, kb + (p0 + j) * step);
+            cp_async_16_full(sv + o, vb + (p0 + j) * step);
+          }
         }
         if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
         return;
@@ -313,13 +319,18 @@ struct Producer {
         const int slot = static_cast<int>(slot0);
         tma_chunks(tmask, stage, c.kvh, slot, slot + 16, slot + 32, slot + 48);
       }
+#pragma unroll 1
+      for (int p0 = 0; p0 < kPasses; p0 += kPer) {
 #pragma unroll
-      for (int ps = 0; ps < kPasses; ++ps) {
-        if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
-          const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
-          const int64_t o = ps * kRpp * row_stride;
-          cp_async_16(sk + pass_off(ps), valid ? kp + o : kg, valid ? 16 : 0);
-          cp_async_16(sv + pass_off(ps), valid ? vp + o : vg, valid ? 16 : 0);
+        for (int j = 0; j < kPer; ++j) {
+          const int ps = p0 + j;
+          if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
+            const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
+            const int64_t o = ps * kRpp * row_stride;
+            const uint32_t so_ps = (p0 / kPer) * 8 * 64 * 2 + so[j];
+            cp_async_16(sk + so_ps, valid ? kp + o : kg, valid ? 16 : 0);
+            cp_async_16(sv + so_ps, valid ? vp + o : vg, valid ? 16 : 0);
+          }
         }
       }
       if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
@@ -357,15 +368,20 @@ struct Producer {
       }
       if (tmask != 0 && lane == 0) tma_chunks(tmask, stage, c.kvh, cs[0], cs[1], cs[2], cs[3]);
     }
-#pragma unroll 8
-    for (int ps = 0; ps < kPasses; ++ps) {
-      if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
-        const int row = ps * kRpp + sub;
-        const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
-        const bool valid = row < count;
-        const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + col_off : 0;
-        cp_async_16(sk + pass_off(ps), kg + off, valid ? 16 : 0);
-        cp_async_16(sv + pass_off(ps), vg + off, valid ? 16 : 0);
+#pragma unroll 1
+    for (int p0 = 0; p0 < kPasses; p0 += kPer) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int ps = p0 + j;
+        if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
+          const int row = ps * kRpp + sub;
+          const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
+          const bool valid = row < count;
+          const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + col_off : 0;
+          const uint32_t so_ps = (p0 / kPer) * 8 * 64 * 2 + so[j];
+          cp_async_16(sk + so_ps, kg + off, valid ? 16 : 0);
+          cp_async_16(sv + so_ps, vg + off, valid ? 16 : 0);
+        }
       }
     }
   }
