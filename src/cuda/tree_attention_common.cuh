@@ -80,7 +80,7 @@ __device__ __forceinline__ int swz64(int row, int col) {
 }
 
 // TileMeta as stored in shared memory (one int4): unit (-1 = no more work), valid tokens, block
-// rows | (row0 % g) << 8 (row r's query head is kvh * g + (row0 % g + r) % g), flags = first | last << 1 | partial << 2 | priv << 3 | row_groups << 4 | q_slot << 8 |
+// rows | (row0 % g) << 8 | kv head << 16 (row r's query head is kvh * g + (row0 % g + r) % g), flags = first | last << 1 | partial << 2 | priv << 3 | row_groups << 4 | q_slot << 8 |
 // (pt + 64) << 16 (partial: some row of the block writes a partial row; priv: the tile holds
 // private tokens, and pt = the tile's first token minus the block's shared_len, >= -63, so that
 // tile column c is private token c + pt and the first max(0, -pt) columns are shared).

@@ -508,9 +508,11 @@ struct Consumer {
       const int pt = static_cast<int>(static_cast<unsigned>(flags) >> 16) - 64;
       const int groups = (flags >> 4) & 7;
       const int qslot = (flags >> 8) & 0xff;
-      const int kvh = meta.x % p.num_kv_heads;
+      // The kv head comes with the meta: a per-tile integer modulo (unit % Hkv) sat between the
+      // full-barrier wait and the first wgmma, ~6 % of the consumer's stall samples (PERF_NOTES.md).
+      const int kvh = static_cast<int>(static_cast<unsigned>(meta.z) >> 16);
       head0 = kvh * p.gqa;
-      r0g = meta.z >> 8;
+      r0g = (meta.z >> 8) & 0xff;
       if (groups == 4) {
         tile<4>(stage, qslot, count, rows, first, last, partial, priv, pt);
       } else if (groups == 2) {

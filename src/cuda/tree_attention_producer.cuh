@@ -44,7 +44,7 @@ struct UnitCtx {
   int64_t win_slot;
   int win_tb, win_end;
   int q[2], dst[2], mb[2], ne[2], pv[2];
-  int rows_meta;  // TileMeta's rows field: rows | (row0 % g) << 8
+  int rows_meta;  // TileMeta's rows field: rows | (row0 % g) << 8 | kv head << 16
 };
 
 template <class T, int D>
@@ -131,7 +131,7 @@ struct Producer {
     c.kvh = unit % p.num_kv_heads;
     const int4 a = *reinterpret_cast<const int4*>(rec), b = *reinterpret_cast<const int4*>(rec + 16);
     c.d = BlockDesc{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    c.rows_meta = c.d.rows | (c.d.row0 % p.gqa) << 8;
+    c.rows_meta = c.d.rows | (c.d.row0 % p.gqa) << 8 | c.kvh << 16;
     const BlockRecord* r = reinterpret_cast<const BlockRecord*>(rec);
     c.s0 = c.d.seg_first;
     c.nwin = min(kRecordRuns, c.d.seg_end - c.s0);
