@@ -30,6 +30,7 @@
 #include "cpu/executor.h"
 #include "cpu/reference.h"
 #include "cuda/backend.h"
+#include "cuda/merge_choice.h"
 #include "plan/per_request_plan.h"
 #include "plan/plan.h"
 #include "plan/plan_stats.h"
@@ -511,6 +512,30 @@ TEST(CudaAttention, PerRequestBaseline) {
       }
     }
   }
+}
+
+// CPU-only: the merge-kernel rule on the suite's shapes (grid = 8 CTAs on each of 132 SMs, d = 128):
+// many jobs of few rows stay on the lane-group kernel, few jobs of many rows go wide; degenerate
+// inputs never divide by zero.
+TEST(CudaAttention, MergeKernelChoice) {
+  using cuda_detail::prefer_wide_merge;
+  const int64_t grid = 132 * 8;
+  EXPECT_FALSE(prefer_wide_merge(1024 * 32, 1024 * 4, 1024, grid, 128));  // deep 32/32 trees: 4 rows per job
+  EXPECT_FALSE(prefer_wide_merge(64 * 16, 64 * 2, 64, grid, 128));       // 2 rows per job
+  EXPECT_TRUE(prefer_wide_merge(64 * 16, 64 * 11, 64, grid, 128));       // `1 16 64` 16/1: 11 rows per job
+  EXPECT_TRUE(prefer_wide_merge(10 * 16, 10 * 36, 10, grid, 128));       // `1 10` 16/1: 36 rows per job
+  EXPECT_TRUE(prefer_wide_merge(10 * 32, 10 * 18, 10, grid, 64));
+  // More rows per job never moves a small job count back to the lane-group kernel.
+  bool wide = false;
+  for (int64_t r = 1; r <= 4096; ++r) {
+    const bool w = prefer_wide_merge(160, 10 * r, 10, grid, 128);
+    EXPECT_TRUE(w || !wide) << r << " rows per job";
+    wide = w;
+  }
+  EXPECT_TRUE(wide);
+  for (int d : {0, 4, 2048}) EXPECT_FALSE(prefer_wide_merge(100, 1000, 10, grid, d));
+  EXPECT_FALSE(prefer_wide_merge(0, 0, 0, grid, 128));
+  EXPECT_FALSE(prefer_wide_merge(100, 1000, 10, 0, 128));
 }
 
 // CPU-only: the per-request plan is a valid plan (validate_plan) and the CPU executor runs it exactly.
