@@ -61,7 +61,8 @@ struct CudaTreeAttentionOptions {
   bool run_merge = true;         // false (diagnostics only): partial rows are not merged
   bool fuse_merge = false;       // merge partial rows inside the tree kernel (the CTA that writes a
                                  // query's last piece merges it) instead of a separate merge launch;
-                                 // slower on every cell of the paper suite (PERF_NOTES.md)
+                                 // slower on every cell of the paper suite (PERF_NOTES.md); the
+                                 // FT_FUSE_MERGE=1 environment variable forces it (A/B runs)
   // Warp-per-unit path (tree_attention_warp.cuh): blocks of <= 16 rows whose chunk has at most this
   // many tokens run one unit per warp on a second kernel (beside the main one: warp_overlap). 0 = off;
   // < 0 = the FT_WARP_UNITS environment variable if set, else kDefaultWarpUnitMaxKv. head_dim 64 and
@@ -96,7 +97,8 @@ struct CudaTreeAttentionOptions {
   // Merge kernel variant: 1 = merge_kernel_wide (one CTA per (query, head) job, its rows split over
   // the CTA's lane groups), 0 = merge_kernel (a lane group per job); < 0: the FT_MERGE_WIDE
   // environment variable if set, else the one with the shorter chain of dependent round trips for
-  // the plan's jobs and partial rows per job (tree_attention.cpp, prefer_wide_merge).
+  // the plan's jobs and partial rows per job (cuda/merge_choice.h, prefer_wide_merge). Both run on
+  // 8 CTAs per SM (the FT_MERGE_CTAS environment variable overrides it, A/B runs).
   int merge_wide = -1;
   // 1: K/V tiles that lie in one slot run, and the 16-row chunks of other tiles whose slots are
   // consecutive, are loaded by TMA (one copy per 64-column block instead of cp.async per 16
