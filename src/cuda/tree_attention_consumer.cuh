@@ -32,6 +32,11 @@ struct TreeMask {
   int lo[2], hi[2];
 };
 
+// Lazy rescaling threshold of the consumer's online softmax (log2 units; FlashAttention-4 uses 8):
+// a tile whose row max exceeds the running max by at most this keeps the running max, so the O
+// rescale (one FMUL per accumulator) is skipped.
+inline constexpr float kRescaleSlack = 8.0f;
+
 template <class T, int D>
 struct Consumer {
   using Cfg = TreeKernelConfig<D>;
@@ -110,21 +115,34 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * scale);
+      // Lazy rescaling: the running max moves only when the tile's max exceeds it by more than
+      // kRescaleSlack (then P <= 2^kRescaleSlack, exact in fp16 / bf16 and far from overflow in
+      // the fp32 O and l); m = -inf (nothing seen yet) always takes the tile's max.
+      const float m_tile = mx[r] * scale;
+      const float m_new = m_tile > m[r] + kRescaleSlack ? m_tile : m[r];
       mu[r] = m_new == neg_inf() ? 0.0f : m_new;  // all masked so far: exponents stay -inf -> 0
       alpha[r] = fast_exp2(m[r] - mu[r]);         // m = -inf -> 0
       m[r] = m_new;
-      l[r] *= alpha[r];
     }
+    // P, then its row sums as a tree (a serial chain of 2 NT dependent adds per row sat between
+    // the P V wgmmas).
+    float rs[2][NT];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = fast_exp2(fmaf(sc[i][e], scale, -mu[e >> 1]));
-        sc[i][e] = pe;
-        l[e >> 1] += pe;
-      }
+      for (int e = 0; e < 4; ++e) sc[i][e] = fast_exp2(fmaf(sc[i][e], scale, -mu[e >> 1]));
+      rs[0][i] = sc[i][0] + sc[i][1];
+      rs[1][i] = sc[i][2] + sc[i][3];
     }
+#pragma unroll
+    for (int w = NT / 2; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) {
+        rs[0][i] += rs[0][i + w];
+        rs[1][i] += rs[1][i + w];
+      }
+    l[0] = fmaf(l[0], alpha[0], rs[0][0]);
+    l[1] = fmaf(l[1], alpha[1], rs[1][0]);
     if (!first && __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
   }
 
@@ -206,10 +224,12 @@ struct Consumer {
     fence_proxy_async();  // the producer's cp.async data, seen through the full barrier, before wgmma reads it
     fence_regs(sc);
     wgmma_fence();
+    constexpr uint32_t kHi = gmma_desc_hi(1024);
+    const uint32_t qd = gmma_desc_lo(q_base, 16), kd = gmma_desc_lo(k_base, 16);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       const uint32_t off = (kk / 4) * kBlk + (kk % 4) * 32;  // 16 columns = 32 bytes into the swizzled rows
-      wgmma_ss<T, 64>(sc, gmma_desc(q_base + off, 16, 1024), gmma_desc(k_base + off, 16, 1024), kk > 0 ? 1 : 0);
+      wgmma_ss<T, 64>(sc, gmma_desc_at(qd, kHi, off), gmma_desc_at(kd, kHi, off), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -223,12 +243,13 @@ struct Consumer {
       pa[j][2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
       pa[j][3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
     }
+    const uint32_t vd = gmma_desc_lo(v_base, kBlk);
     fence_regs(o);
     wgmma_fence();
     // All 4 k-steps, also beyond count (P = 0 there; the producer zero-fills those V rows of wgmma
     // units): a conditional wgmma would make ptxas serialize the whole sequence.
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wgmma_rs_tb<T, D>(o, pa[j], gmma_desc(v_base + j * 16 * 128, kBlk, 1024));
+    for (int j = 0; j < 4; ++j) wgmma_rs_tb<T, D>(o, pa[j], gmma_desc_at(vd, kHi, j * 16 * 128));
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);

@@ -2,7 +2,7 @@
 // A warpgroup (4 consecutive warps, 128 threads) computes D[64 x N] (+)= A[64 x 16] B[16 x N] with
 // fp32 accumulators; warp w of the group holds rows 16 w .. 16 w + 15 in the mma.sync C layout
 // (ptx.cuh), n-tile j in d[j][0 .. 3]. Operands in shared memory are given by matrix
-// descriptors (gmma_desc) of 128-byte-swizzled tiles (swz64 in tree_attention_common.cuh):
+// descriptors (gmma_desc_at) of 128-byte-swizzled tiles (swz64 in tree_attention_common.cuh):
 //   wgmma_ss     A and B from shared memory, both K-major (S = Q K^T: Q [64][D], K [64 tokens][D]);
 //                scale_d = 0 overwrites D (first k-step), 1 accumulates.
 //   wgmma_rs_tb  A from registers (the mma.sync m16n8k16 A layout per warp: P), B from shared
@@ -18,14 +18,20 @@
 
 namespace fasttree::cuda_detail {
 
-// Descriptor of a 128B-swizzled shared-memory matrix starting at byte address saddr: lbo / sbo =
-// leading / stride byte offsets (multiples of 16; the PTX ISA "Matrix Descriptor Format").
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  uint64_t d = static_cast<uint64_t>((saddr & 0x3ffff) >> 4);
-  d |= static_cast<uint64_t>((lbo >> 4) & 0x3fff) << 16;
-  d |= static_cast<uint64_t>((sbo >> 4) & 0x3fff) << 32;
-  d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
-  return d;
+// Descriptor of a 128B-swizzled shared-memory matrix (the PTX ISA "Matrix Descriptor Format"),
+// built in two 32-bit halves: lo = start byte address >> 4 | leading byte offset (lbo) >> 4 << 16,
+// hi = stride byte offset (sbo) >> 4 | 128-byte swizzle (lbo, sbo multiples of 16). Operands are
+// stepped through by constant byte offsets: gmma_desc_lo(saddr, lbo) once per tile, then
+// gmma_desc_at(lo, gmma_desc_hi(sbo), off) per wgmma is one integer add (the 14-bit address
+// field cannot carry into lbo: shared addresses stay below 228 KB < 256 KB). Recomputing the masked, shifted address for every k-step cost
+// ~10 uniform-datapath instructions between consecutive wgmmas, more issue time than the
+// tensor cores took for an m64n64k16 (PERF_NOTES.md, session 10).
+__device__ __forceinline__ uint32_t gmma_desc_lo(uint32_t saddr, uint32_t lbo) {
+  return ((saddr & 0x3ffff) >> 4) | (((lbo >> 4) & 0x3fff) << 16);
+}
+__host__ __device__ constexpr uint32_t gmma_desc_hi(uint32_t sbo) { return ((sbo >> 4) & 0x3fff) | (1u << 30); }
+__device__ __forceinline__ uint64_t gmma_desc_at(uint32_t lo, uint32_t hi, uint32_t byte_off) {
+  return (static_cast<uint64_t>(hi) << 32) | (lo + (byte_off >> 4));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
