@@ -11,9 +11,10 @@
 // just-consumed stage's K/V space) and writes coalesced float4 rows. Rows go to O[query] (+ LSE)
 // for direct queries, else to partial rows, which the fused merge (merge_tail: the CTA whose piece
 // completes a query merges it) or the separate merge kernel combines.
-// 64-row tiles (R = 4, d <= 128) run instead as one warpgroup on wgmma (compute_wgmma: S and
-// O += P V with K, Q and V read from the swizzled shared tiles), which reads each K/V tile from
-// shared memory once instead of once per warp; the same online softmax (masked for partial tiles
+// 64-row tiles (R = 4, d <= 128) run instead as one warpgroup on wgmma (compute_wgmma: S with Q
+// from the registers loaded at the unit's first tile and K from the swizzled shared tile, then
+// O += P V with V from shared memory), which reads each K/V tile from shared memory once instead
+// of once per warp; the same online softmax (masked for partial tiles
 // and private tokens) and epilogue follow, since the wgmma accumulator layout per warp is the
 // mma.sync one.
 #pragma once
@@ -149,8 +150,7 @@ struct Consumer {
   // One KV tile for the warp's 16 rows x NW columns starting at column cb.
   // first: the unit's first tile (o is still zero, so its rescale is skipped).
   // kFull: all NW columns hold tokens (cb + NW <= count): no column checks, no masking.
-  // kQSmem: Q fragments from the Q slot (ldmatrix) instead of registers (d = 256, and the partial
-  // tiles of wgmma units, whose Q is never loaded into registers).
+  // kQSmem: Q fragments from the Q slot (ldmatrix) instead of registers (d = 256).
   // tm: the mask of a partial tile (!kFull).
   template <int NW, bool kFull, bool kQSmem = !Cfg::kQInRegs>
   __device__ void compute(uint32_t q_base, uint32_t k_base, uint32_t v_base, int row_base, int cb, int count, bool first,
@@ -208,15 +208,18 @@ struct Consumer {
   }
 
   // R = 4 and D <= 128: the 4 consumer warps are warpgroup 0 and run the whole 64 x 64 tile on wgmma
-  // (wgmma.cuh): S = Q K^T with Q and K read from the swizzled shared tiles (no ldmatrix), the same
-  // per-warp online softmax, then O += P V with P from registers and V from shared memory.
+  // (wgmma.cuh): S = Q K^T with Q from registers (qf, the wgmma A layout per warp) and K from the
+  // swizzled shared tile, the same per-warp online softmax, then O += P V with P from registers and
+  // V from shared memory. Q from registers halves the shared-memory reads of S (an m64n64k16 with
+  // both operands in shared memory reads 128 bytes per SM cycle at the tensor cores' peak, all the
+  // bandwidth there is).
   static constexpr bool kWgmma = Cfg::kWgmma;
 
   // masked: a tile with fewer than 64 tokens or with private tokens; its columns outside tm's
   // visible set get -inf (the producer zero-fills K/V rows [count, 64) of wgmma units, so P = 0
   // there multiplies finite V).
   template <bool kMasked>
-  __device__ void compute_wgmma(uint32_t q_base, uint32_t k_base, uint32_t v_base, bool first, const TreeMask& tm) {
+  __device__ void compute_wgmma(uint32_t k_base, uint32_t v_base, bool first, const TreeMask& tm) {
     constexpr uint32_t kBlk = 64 * 64 * 2;  // bytes of one [64][64] column block of a tile
     float sc[8][4];
 #pragma unroll
@@ -225,11 +228,11 @@ struct Consumer {
     fence_regs(sc);
     wgmma_fence();
     constexpr uint32_t kHi = gmma_desc_hi(1024);
-    const uint32_t qd = gmma_desc_lo(q_base, 16), kd = gmma_desc_lo(k_base, 16);
+    const uint32_t kd = gmma_desc_lo(k_base, 16);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       const uint32_t off = (kk / 4) * kBlk + (kk % 4) * 32;  // 16 columns = 32 bytes into the swizzled rows
-      wgmma_ss<T, 64>(sc, gmma_desc_at(qd, kHi, off), gmma_desc_at(kd, kHi, off), kk > 0 ? 1 : 0);
+      wgmma_rs<T, 64>(sc, qf[kk], gmma_desc_at(kd, kHi, off), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -467,16 +470,16 @@ struct Consumer {
     constexpr bool kWg = R == 4 && kWgmma;
     if (first) {
       reset();
-      if (active && !kWg) load_q_regs(q_base, row_base);
+      if (active || kWg) load_q_regs(q_base, row_base);  // wgmma: every warp (its rows of the 64)
       if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
     }
     if constexpr (kWg) {
       // Every tile on wgmma (every warp of the group, active or not); partial tiles and tiles with
       // private tokens (folded leaves) with the column mask.
       if (count == kN && !priv) {
-        compute_wgmma<false>(q_base, k_base, v_base, first, TreeMask{});
+        compute_wgmma<false>(k_base, v_base, first, TreeMask{});
       } else {
-        compute_wgmma<true>(q_base, k_base, v_base, first, tree_mask(qslot, row_base, count, priv, pt));
+        compute_wgmma<true>(k_base, v_base, first, tree_mask(qslot, row_base, count, priv, pt));
       }
     } else {
       if (active && cb < count) {
@@ -522,6 +525,23 @@ struct Consumer {
       if (meta.x < 0) break;
       if constexpr (FT_TRACE) ++tiles_seen;
       const int count = meta.y, rows = meta.z & 0xff, flags = meta.w;
+      if constexpr (kWgmma) {
+        // The common tile of a long 64-row unit (full, neither first nor last, no private tokens):
+        // straight to the wgmma path, without tile()'s unit bookkeeping. The general path cost
+        // 5-12 % on the compute-bound cells; the same shortcut for 32-row units (mma.sync) lost
+        // more than it gained (PERF_NOTES.md, session 10).
+        constexpr int kPlainMask = TileMetaBits::kFirst | TileMetaBits::kLast | TileMetaBits::kPriv | (7 << 4);
+        if ((flags & kPlainMask) == (4 << 4) && count == kN) {
+          const uint32_t kb = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
+          compute_wgmma<false>(kb, kb + kN * D * 2, false, TreeMask{});
+          mbar_arrive(&s.empty[stage]);
+          if (++stage == Cfg::kStages) {
+            stage = 0;
+            parity ^= 1;
+          }
+          continue;
+        }
+      }
       const bool first = (flags & TileMetaBits::kFirst) != 0;
       const bool last = (flags & TileMetaBits::kLast) != 0;
       const bool partial = (flags & TileMetaBits::kPartial) != 0;
