@@ -517,6 +517,14 @@ struct Consumer {
   __device__ void run() {
     int stage = 0;
     uint32_t parity = 0;
+    // Every thread, after its last read of the stage: hand it back to the producer, move to the next.
+    auto release_stage = [&] {
+      mbar_arrive(&s.empty[stage]);
+      if (++stage == Cfg::kStages) {
+        stage = 0;
+        parity ^= 1;
+      }
+    };
     [[maybe_unused]] int tiles_seen = 0, units_done = 0;  // FT_TRACE marks only
     [[maybe_unused]] uint64_t sum_wait = 0;                // FT_TRACE: full-barrier wait (ns)
     for (;;) {
@@ -542,11 +550,7 @@ struct Consumer {
         if ((flags & kPlainMask) == (4 << 4) && count == kN) {
           const uint32_t kb = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
           compute_wgmma<false>(kb, kb + kN * D * 2, false, TreeMask{});
-          mbar_arrive(&s.empty[stage]);
-          if (++stage == Cfg::kStages) {
-            stage = 0;
-            parity ^= 1;
-          }
+          release_stage();
           continue;
         }
       }
@@ -583,11 +587,7 @@ struct Consumer {
       // A unit's last tile may have used the stage as combine scratch (generic stores): ordered
       // before the producer's next TMA (async-proxy) writes into it.
       if (last && p.use_tma) fence_proxy_async_shared();
-      mbar_arrive(&s.empty[stage]);  // every thread, after its last read of the stage
-      if (++stage == Cfg::kStages) {
-        stage = 0;
-        parity ^= 1;
-      }
+      release_stage();
     }
     if (warp == 0 && lane == 0) {
       trace_put(p.trace, kTraceTree, kTrConsWaitNs, sum_wait);
