@@ -19,12 +19,14 @@ struct TreeKernelInfo {
 
 // Raises the kernel's dynamic shared-memory limit and reports its occupancy. Call once per process
 // and kernel before launching it (not during stream capture).
+// deep (head_dim 128 only, ignored otherwise): the variant with a 3-stage K/V ring whose consumers
+// read Q from global memory instead of a shared-memory Q slot (TreeKernelConfig::kQGlobal).
 template <int DType, int D>
-int tree_kernel_prepare(TreeKernelInfo& info);
+int tree_kernel_prepare(TreeKernelInfo& info, bool deep);
 
-// Launches the tree-attention kernel on `grid` persistent CTAs.
+// Launches the tree-attention kernel (the variant `deep` selects) on `grid` persistent CTAs.
 template <int DType, int D>
-int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream);
+int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream, bool deep);
 
 // Warp-per-unit kernel for short units (head_dim 64 and 128 only, else cudaErrorInvalidValue):
 // stages 2 or 3 = the cp.async-staged kernel (tree_attention_warp_staged.cuh) with that ring depth

@@ -34,22 +34,22 @@ constexpr size_t kSectionAlign = 256;
 
 int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
 
-int prepare_kernel(int dtype, int d, TreeKernelInfo& info) {
+int prepare_kernel(int dtype, int d, TreeKernelInfo& info, bool deep) {
   const bool f16 = dtype == kDTypeF16;
   switch (d) {
-    case 64: return f16 ? tree_kernel_prepare<kDTypeF16, 64>(info) : tree_kernel_prepare<kDTypeBF16, 64>(info);
-    case 128: return f16 ? tree_kernel_prepare<kDTypeF16, 128>(info) : tree_kernel_prepare<kDTypeBF16, 128>(info);
-    case 256: return f16 ? tree_kernel_prepare<kDTypeF16, 256>(info) : tree_kernel_prepare<kDTypeBF16, 256>(info);
+    case 64: return f16 ? tree_kernel_prepare<kDTypeF16, 64>(info, deep) : tree_kernel_prepare<kDTypeBF16, 64>(info, deep);
+    case 128: return f16 ? tree_kernel_prepare<kDTypeF16, 128>(info, deep) : tree_kernel_prepare<kDTypeBF16, 128>(info, deep);
+    case 256: return f16 ? tree_kernel_prepare<kDTypeF16, 256>(info, deep) : tree_kernel_prepare<kDTypeBF16, 256>(info, deep);
     default: return cudaErrorInvalidValue;
   }
 }
 
-int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream) {
+int launch_kernel(int dtype, int d, const TreeAttnParams& p, int grid, CUstream_st* stream, bool deep) {
   const bool f16 = dtype == kDTypeF16;
   switch (d) {
-    case 64: return f16 ? tree_kernel_launch<kDTypeF16, 64>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 64>(p, grid, stream);
-    case 128: return f16 ? tree_kernel_launch<kDTypeF16, 128>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 128>(p, grid, stream);
-    case 256: return f16 ? tree_kernel_launch<kDTypeF16, 256>(p, grid, stream) : tree_kernel_launch<kDTypeBF16, 256>(p, grid, stream);
+    case 64: return f16 ? tree_kernel_launch<kDTypeF16, 64>(p, grid, stream, deep) : tree_kernel_launch<kDTypeBF16, 64>(p, grid, stream, deep);
+    case 128: return f16 ? tree_kernel_launch<kDTypeF16, 128>(p, grid, stream, deep) : tree_kernel_launch<kDTypeBF16, 128>(p, grid, stream, deep);
+    case 256: return f16 ? tree_kernel_launch<kDTypeF16, 256>(p, grid, stream, deep) : tree_kernel_launch<kDTypeBF16, 256>(p, grid, stream, deep);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -80,6 +80,7 @@ struct CudaTreeAttention::Impl {
   float scale = 0;
   CudaTreeAttentionOptions options;
   TreeKernelInfo kinfo;
+  bool deep_ring = false;  // the 3-stage tree kernel (CudaTreeAttentionOptions::deep_ring)
   int num_sms = 0;
   int grid = 0;
   int merge_grid = 0;
@@ -222,15 +223,17 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   int dev = 0;
   FT_CUDA_CHECK(cudaGetDevice(&dev));
   FT_CUDA_CHECK(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev));
-  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.kinfo));
-  FT_CHECK(m.kinfo.ctas_per_sm >= 1, "CUDA tree attention: the kernel does not fit on an SM (" +
-                                         str(m.kinfo.smem_bytes) + " bytes of shared memory)");
   // An option < 0 takes its environment variable if set (A/B runs), else the default.
   auto env_or = [](int v, const char* name, int dflt) {
     if (v >= 0) return v;
     const char* env = std::getenv(name);
     return env != nullptr ? std::atoi(env) : dflt;
   };
+  m.deep_ring = shape.head_dim == 128 &&
+                env_or(options.deep_ring, "FT_DEEP_RING", shape.gqa() < kDeepRingMaxGqa ? 1 : 0) != 0;
+  FT_CUDA_CHECK(prepare_kernel(kernel_dtype(dtype), shape.head_dim, m.kinfo, m.deep_ring));
+  FT_CHECK(m.kinfo.ctas_per_sm >= 1, "CUDA tree attention: the kernel does not fit on an SM (" +
+                                         str(m.kinfo.smem_bytes) + " bytes of shared memory)");
   const int want_main = env_or(options.ctas_per_sm > 0 ? options.ctas_per_sm : -1, "FT_MAIN_CTAS", 0);
   const int per_sm = want_main > 0 ? std::min(want_main, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
   m.grid = m.num_sms * per_sm;
@@ -648,13 +651,13 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       // The main kernel is enqueued first so that its (large) CTAs are placed first.
       FT_CUDA_CHECK(cudaEventRecord(m.fork_event, stream));
       FT_CUDA_CHECK(cudaStreamWaitEvent(m.side_stream, m.fork_event, 0));
-      FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+      FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream, m.deep_ring));
       FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, m.side_stream, m.warp_shape));
       FT_CUDA_CHECK(cudaEventRecord(m.join_event, m.side_stream));
       FT_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join_event, 0));
     } else {
       if (has_warp) FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream, m.warp_shape));
-      if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream));
+      if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream, m.deep_ring));
       merge_follows_kernel = true;
     }
   }

@@ -105,6 +105,13 @@ struct CudaTreeAttentionOptions {
   // bytes); 0: cp.async only; < 0: the FT_TMA environment variable if
   // set, else 1. Falls back to cp.async where the pools cannot be described (tma_active()).
   int use_tma = -1;
+  // Tree kernel variant at head_dim 128: 1 = three K/V stages, Q fragments read from global memory
+  // at each unit's first tile (no Q slots in shared memory); 0 = two stages with Q staged in
+  // shared memory; < 0: the FT_DEEP_RING environment variable if set, else 1 below GQA
+  // kDeepRingMaxGqa. The third stage pays on the bandwidth- and pipeline-bound cells (deep trees
+  // at GQA 1 and 4: up to 9 % faster); at GQA 16 the units are few and short and the Q load at each
+  // unit's start costs more (2-7 % slower) (cuda/PERF_NOTES.md, session 11).
+  int deep_ring = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
   // bounds the TMA tensor (0: unbounded).
@@ -120,6 +127,8 @@ inline constexpr int kDefaultWarpCtaWarps = 3;
 // Overlapped and serialized alike: with the overlap, thresholds 0 and 4096 measured the same
 // within noise (geomean 5.08 vs 5.06x floor; 0 was ~0.5 us slower on three 26-30 us cells).
 inline constexpr int kDefaultWarpUnitMinUnits = 4096;
+// CudaTreeAttentionOptions::deep_ring's default: the 3-stage kernel below this GQA ratio.
+inline constexpr int kDeepRingMaxGqa = 16;
 
 class CudaTreeAttention {
  public:

@@ -15,12 +15,19 @@ namespace fasttree::cuda_detail {
 #define FT_TREE_WGMMA 1
 #endif
 
-template <int D>
+// kDeep (d = 128 only; TreeKernelConfig<D, true> is the plain config at other head dims): the
+// 3-stage variant (kQGlobal below), chosen per backend by GQA ratio (tree_attention.cpp).
+template <int D, bool kDeep = false>
 struct TreeKernelConfig {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");
   static constexpr int kN = kKvTile;
   static constexpr int kM = kMaxBlockRows;
-  static constexpr int kStages = D <= 64 ? 4 : 2;
+  // kQGlobal: the consumers load their Q fragments straight from global memory at a unit's first
+  // tile (the producer only prefetches the rows into L2), so no Q slots take shared memory and the
+  // ring gets a third stage at two CTAs per SM (two stages and two 16 KB Q slots otherwise).
+  static constexpr bool kQGlobal = kDeep && D == 128;
+  static constexpr int kStages = kQGlobal ? 3 : D <= 64 ? 4 : 2;
+  static constexpr int kQSlots = kQGlobal ? 0 : kStages;
   // Block records are gathered kLook units ahead into a ring of kRecSlots (tree_attention_producer.cuh).
   static constexpr int kLook = kStages + 1;
   static constexpr int kRecSlots = kStages + 2;
@@ -30,7 +37,7 @@ struct TreeKernelConfig {
   static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets
   static constexpr bool kQInRegs = D <= 128;           // d = 256 re-reads Q fragments from shared
   static constexpr bool kWgmma = FT_TREE_WGMMA && D <= 128;  // 64-row blocks on wgmma (consumer)
-  // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kStages][kM][D] T, block
+  // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kQSlots][kM][D] T, block
   // records [kRecSlots] BlockRecord, their unit ids [kRecSlots] int32 (padded to 16 bytes), row
   // tables [kRowTables][kStages][kM] int32 (RowTable), TileMeta [kStages], combine (m, l)
   // [4 warps][16 rows] float2, merge flags [kM] int32, mbarriers full/empty [kStages].
@@ -40,7 +47,7 @@ struct TreeKernelConfig {
   static constexpr int kKvStageBytes = 2 * kN * D * 2;
   static constexpr int kQSlotBytes = kM * D * 2;
   static constexpr int kQOff = kStages * kKvStageBytes;
-  static constexpr int kRecOff = kQOff + kStages * kQSlotBytes;
+  static constexpr int kRecOff = kQOff + kQSlots * kQSlotBytes;
   static constexpr int kRecUnitOff = kRecOff + kRecSlots * kRecordBytes;
   static constexpr int kRowOff = kRecUnitOff + (kRecSlots * 4 + 15) / 16 * 16;
   static constexpr int kMetaOff = kRowOff + kRowTables * kStages * kM * 4;
@@ -175,7 +182,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[N][4], const float (&alp
 
 struct SmemLayout {
   unsigned char* kv;  // [kStages][2][kN][D]
-  unsigned char* q;   // [kStages][kM][D]
+  unsigned char* q;   // [kQSlots][kM][D]
   unsigned char* rec; // [kRecSlots] BlockRecord
   int* rec_unit;      // [kRecSlots]
   int* row_tab;       // [kRowTables][kStages][kM]

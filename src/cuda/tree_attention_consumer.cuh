@@ -43,9 +43,9 @@ __device__ __forceinline__ uint64_t low_bits(int n) {
 // rescale (one FMUL per accumulator) is skipped.
 inline constexpr float kRescaleSlack = 8.0f;
 
-template <class T, int D>
+template <class T, int D, bool kDeep>
 struct Consumer {
-  using Cfg = TreeKernelConfig<D>;
+  using Cfg = TreeKernelConfig<D, kDeep>;
   static constexpr int kN = Cfg::kN;
   static constexpr int kDT = D / 8;  // n-tiles of 8 output columns
   static constexpr int kKSteps = D / 16;
@@ -83,8 +83,31 @@ struct Consumer {
     l[0] = l[1] = 0.0f;
   }
 
-  __device__ void load_q_regs(uint32_t q_base, int row_base) {
-    if constexpr (Cfg::kQInRegs) {
+  __device__ void load_q_regs(uint32_t q_base, int qslot, int row_base, int rows) {
+    if constexpr (Cfg::kQGlobal) {
+      // Rows g and g + 8 of the warp's 16, the mma A-fragment layout (= ldmatrix_x4's): a0 / a1 =
+      // rows g / g + 8 at columns 16 kk + 2 tq, a2 / a3 the same 8 columns further; rows beyond
+      // the block are zero.
+      const int g = lane >> 2, tq = lane & 3;
+      const uint32_t* qr[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = row_base + g + 8 * hr;
+        qr[hr] = nullptr;
+        if (r < rows) {
+          const int64_t off = (static_cast<int64_t>(row_tab(kRowQuery, qslot, r)) * p.num_qo_heads +
+                               row_tab(kRowHead, qslot, r)) * D + 2 * tq;
+          qr[hr] = reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.q) + off);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        qf[kk][0] = qr[0] != nullptr ? __ldg(qr[0] + kk * 8) : 0u;
+        qf[kk][1] = qr[1] != nullptr ? __ldg(qr[1] + kk * 8) : 0u;
+        qf[kk][2] = qr[0] != nullptr ? __ldg(qr[0] + kk * 8 + 4) : 0u;
+        qf[kk][3] = qr[1] != nullptr ? __ldg(qr[1] + kk * 8 + 4) : 0u;
+      }
+    } else if constexpr (Cfg::kQInRegs) {
       const int row = row_base + (lane & 15);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_base + swz64<D>(row, kk * 16 + (lane >> 4) * 8) * 2);
@@ -478,7 +501,7 @@ struct Consumer {
     constexpr bool kWg = R == 4 && kWgmma;
     if (first) {
       reset();
-      if (active || kWg) load_q_regs(q_base, row_base);  // wgmma: every warp (its rows of the 64)
+      if (active || kWg) load_q_regs(q_base, qslot, row_base, rows);  // wgmma: every warp (its rows of the 64)
       if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
     }
     if constexpr (kWg) {

@@ -24,10 +24,10 @@
 
 namespace fasttree::cuda_detail {
 
-template <class T, int D>
-__global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfig<D>::kMinBlocks)
+template <class T, int D, bool kDeep>
+__global__ void __launch_bounds__(TreeKernelConfig<D, kDeep>::kThreads, TreeKernelConfig<D, kDeep>::kMinBlocks)
     tree_attention_kernel(const __grid_constant__ TreeAttnParams p) {  // grid constant: TMA reads p.tma_k / p.tma_v in place
-  using Cfg = TreeKernelConfig<D>;
+  using Cfg = TreeKernelConfig<D, kDeep>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // Swizzled tiles must start on 1024-byte boundaries (kSmemBytes has the 1 KB of slack).
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
       tma_prefetch_desc(&p.tma_k16);
       tma_prefetch_desc(&p.tma_v16);
     }
-    Producer<T, D> prod(p, s, lane);
+    Producer<T, D, kDeep> prod(p, s, lane);
     prod.prologue();
     named_barrier_split(0, Cfg::kThreads);
     prod.run();
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(TreeKernelConfig<D>::kThreads, TreeKernelConfi
       fence_mbarrier_init();  // the initialized barriers, before TMA (async proxy) completes on them
     }
     named_barrier_split(0, Cfg::kThreads);
-    Consumer<T, D> cons(p, s, warp, lane);
+    Consumer<T, D, kDeep> cons(p, s, warp, lane);
     cons.run();
   }
 }

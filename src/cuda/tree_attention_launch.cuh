@@ -23,10 +23,10 @@ struct DTypeOf<kDTypeBF16> {
   using T = __nv_bfloat16;
 };
 
-template <int DType, int D>
-int tree_kernel_prepare(TreeKernelInfo& info) {
-  using Cfg = TreeKernelConfig<D>;
-  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D>;
+template <int DType, int D, bool kDeep>
+int tree_kernel_prepare_variant(TreeKernelInfo& info) {
+  using Cfg = TreeKernelConfig<D, kDeep>;
+  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D, kDeep>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (e != cudaSuccess) return e;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -37,10 +37,27 @@ int tree_kernel_prepare(TreeKernelInfo& info) {
   return e;
 }
 
+// deep: the 3-stage variant (TreeKernelConfig::kQGlobal), d = 128 only (ignored at other head dims).
 template <int DType, int D>
-int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream) {
-  using Cfg = TreeKernelConfig<D>;
-  tree_attention_kernel<typename DTypeOf<DType>::T, D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+int tree_kernel_prepare(TreeKernelInfo& info, bool deep) {
+  if constexpr (D == 128) {
+    if (deep) return tree_kernel_prepare_variant<DType, D, true>(info);
+  }
+  return tree_kernel_prepare_variant<DType, D, false>(info);
+}
+
+template <int DType, int D>
+int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream, bool deep) {
+  using T = typename DTypeOf<DType>::T;
+  if constexpr (D == 128) {
+    if (deep) {
+      using Cfg = TreeKernelConfig<D, true>;
+      tree_attention_kernel<T, D, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+      return cudaGetLastError();
+    }
+  }
+  using Cfg = TreeKernelConfig<D, false>;
+  tree_attention_kernel<T, D, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
   return cudaGetLastError();
 }
 
@@ -90,9 +107,9 @@ int warp_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stre
 }  // namespace fasttree::cuda_detail
 
 #define FASTTREE_INSTANTIATE_TREE_KERNEL(DTYPE, D)                                                      \
-  template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D>(fasttree::cuda_detail::TreeKernelInfo&); \
+  template int fasttree::cuda_detail::tree_kernel_prepare<DTYPE, D>(fasttree::cuda_detail::TreeKernelInfo&, bool); \
   template int fasttree::cuda_detail::tree_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
-                                                                   CUstream_st*); \
+                                                                   CUstream_st*, bool); \
   template int fasttree::cuda_detail::warp_kernel_prepare<DTYPE, D>(int&, const fasttree::cuda_detail::WarpKernelShape&);                              \
   template int fasttree::cuda_detail::warp_kernel_launch<DTYPE, D>(const fasttree::cuda_detail::TreeAttnParams&, int, \
                                                                    CUstream_st*, const fasttree::cuda_detail::WarpKernelShape&);

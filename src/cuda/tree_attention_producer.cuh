@@ -47,9 +47,9 @@ struct UnitCtx {
   int rows_meta;  // TileMeta's rows field: rows | (row0 % g) << 8 | kv head << 16
 };
 
-template <class T, int D>
+template <class T, int D, bool kDeep>
 struct Producer {
-  using Cfg = TreeKernelConfig<D>;
+  using Cfg = TreeKernelConfig<D, kDeep>;
   static constexpr int kN = Cfg::kN;
   static constexpr int kCpr = D / 8;         // 16-byte chunks per row: 8, 16, 32
   static constexpr int kRpp = 32 / kCpr;     // rows per warp-wide pass: 4, 2, 1
@@ -224,6 +224,18 @@ struct Producer {
         if constexpr (Cfg::kHeadTable) tab[kRowHead * kTab + r] = h;
         partial |= c.dst[j] < 0;
       }
+    }
+    if constexpr (Cfg::kQGlobal) {
+      // The consumers read Q from global memory: pull the rows into L2 now (2 lines of 128 bytes
+      // per row at d = 128).
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (qoff[j] >= 0) {
+#pragma unroll
+          for (int b = 0; b < D * 2; b += 128) prefetch_l2(reinterpret_cast<const char*>(qg + qoff[j]) + b);
+        }
+      }
+      return __any_sync(kFullMask, partial);
     }
     const int fill = (c.d.rows + 15) & ~15;
 #pragma unroll 2
