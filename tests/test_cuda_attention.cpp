@@ -131,6 +131,9 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
     // the main kernel's cp.async path for them covered.
     opt.use_tma = mode == 1 ? 0 : 1;
     opt.require_tma = mode != 1;
+    // Both tree-kernel variants at d = 128 and every GQA ratio: the 3-stage one (Q read from
+    // global memory) in modes 0, 2, 4, the 2-stage one (Q staged in shared memory) in 1 and 3.
+    opt.deep_ring = mode == 1 || mode == 3 ? 0 : 1;
     const char* tag = mode == 0   ? " [fused merge]"
                       : mode == 1 ? " [wide merge launch]"
                       : mode == 2 ? " [staged warp-per-unit + merge launch]"
@@ -477,6 +480,16 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
         EXPECT_EQ(lse, warp_base_lse) << tag;
       }
     }
+  }
+  // The 2- and 3-stage tree kernels (Q staged in shared memory or read from global memory) run
+  // the same arithmetic on the same Q bits: bit-identical, under graph replay too.
+  for (const int deep : {0, 1}) {
+    CudaRunOptions opt = graph;
+    opt.deep_ring = deep;
+    std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
+    EXPECT_EQ(out, base) << "deep_ring " << deep;
+    EXPECT_EQ(lse, base_lse) << "deep_ring " << deep;
   }
   // lse may be omitted.
   std::vector<float> out(x.q.size(), NAN);

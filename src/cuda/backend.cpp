@@ -122,6 +122,7 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.merge_wide = options.merge_wide;
   opt.use_tma = options.use_tma;
+  opt.deep_ring = options.deep_ring;
   opt.kv_slots = num_slots;
   if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);
@@ -312,6 +313,7 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.run_merge = !options.skip_merge;
   opt.use_tma = options.use_tma;
+  opt.deep_ring = options.deep_ring;
   opt.kv_slots = num_slots;
   if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   const size_t trace_bytes = options.trace ? size_t{cuda_detail::kTraceKinds} * cuda_detail::kTraceCtas * cuda_detail::kTraceEvents * 8 : 0;

@@ -51,6 +51,7 @@ struct CudaRunOptions {
   bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
   bool require_tma = false;      // throw unless the run loaded its full tiles by TMA (tma_active())
+  int deep_ring = -1;            // CudaTreeAttentionOptions::deep_ring
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
@@ -92,6 +93,7 @@ struct CudaTimingOptions {
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
   bool kv_head_major = false;    // K/V pools laid out [Hkv, S, d] (KvLayout::kHeadMajor)
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
+  int deep_ring = -1;            // CudaTreeAttentionOptions::deep_ring
   bool trace = false;            // also record one run's per-CTA timeline (FT_TRACE builds only)
 };
 // True when the kernels of this binary were built with their timeline marks (-DFASTTREE_TRACE=ON).
