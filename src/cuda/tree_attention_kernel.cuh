@@ -3,8 +3,10 @@
 //
 // CTA = 5 warps, warp-specialized:
 //   warp 4     producer (tree_attention_producer.cuh): claims units, gathers each 64-token K/V tile
-//              (and the unit's Q rows) into a kStages-deep shared-memory ring with cp.async,
-//              resolving KV slots from runs of consecutive slots (no per-token slot loads).
+//              (and the unit's Q rows) into a kStages-deep shared-memory ring with TMA / cp.async,
+//              resolving KV slots from runs of consecutive slots (no per-token slot loads). The
+//              kDeep variant (d = 128, TreeKernelConfig::kQGlobal) stages no Q: its consumers read
+//              their Q fragments from global memory and the ring has 3 stages instead of 2.
 //   warps 0-3  consumers (tree_attention_consumer.cuh): S = Q K^T and O += P V on tensor cores
 //              (full 64-row tiles on wgmma, the rest on mma.sync) with an online softmax, then the unit's normalized rows (+ LSE) to O or to partial rows;
 //              with the fused merge, the CTA that writes the last piece of a query merges it.

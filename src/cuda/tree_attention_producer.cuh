@@ -1,6 +1,7 @@
 // Producer warp of the tree-attention kernel (tree_attention_kernel.cuh).
 //
-// Gathers each unit's 64-token K/V tiles (and, on its first tile, the unit's Q rows) into the
+// Gathers each unit's 64-token K/V tiles (and, on its first tile, the unit's Q rows; with
+// Cfg::kQGlobal only an L2 prefetch of them, the consumers load Q themselves) into the
 // kStages-deep shared-memory ring with 16-byte cp.async, 32 lanes x (D / 8) chunks per row.
 //
 // Unit sequence: the CTA's units seq = 0, 1, ... are blockIdx.x + seq * grid for seq < kLook (and
