@@ -109,8 +109,9 @@ struct CudaTreeAttentionOptions {
   // at each unit's first tile (no Q slots in shared memory); 0 = two stages with Q staged in
   // shared memory; < 0: the FT_DEEP_RING environment variable if set, else 1 below GQA
   // kDeepRingMaxGqa. The third stage pays on the bandwidth- and pipeline-bound cells (deep trees
-  // at GQA 1 and 4: up to 9 % faster); at GQA 16 the units are few and short and the Q load at each
-  // unit's start costs more (2-7 % slower) (cuda/PERF_NOTES.md, session 11).
+  // at GQA 1 and 4: up to 9 % faster); at GQA 8 and 16 the units are fewer rows of more queries
+  // and the Q load at each unit's start costs more (GQA 16: 2-7 % slower; GQA 8: up to 11 %
+  // slower on small trees, within 2 % on large ones) (cuda/PERF_NOTES.md, session 11).
   int deep_ring = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
@@ -128,7 +129,7 @@ inline constexpr int kDefaultWarpCtaWarps = 3;
 // within noise (geomean 5.08 vs 5.06x floor; 0 was ~0.5 us slower on three 26-30 us cells).
 inline constexpr int kDefaultWarpUnitMinUnits = 4096;
 // CudaTreeAttentionOptions::deep_ring's default: the 3-stage kernel below this GQA ratio.
-inline constexpr int kDeepRingMaxGqa = 16;
+inline constexpr int kDeepRingMaxGqa = 8;
 
 class CudaTreeAttention {
  public:
