@@ -46,19 +46,19 @@ int tree_kernel_prepare(TreeKernelInfo& info, bool deep) {
   return tree_kernel_prepare_variant<DType, D, false>(info);
 }
 
+template <int DType, int D, bool kDeep>
+int tree_kernel_launch_variant(const TreeAttnParams& params, int grid, CUstream_st* stream) {
+  using Cfg = TreeKernelConfig<D, kDeep>;
+  tree_attention_kernel<typename DTypeOf<DType>::T, D, kDeep><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
 template <int DType, int D>
 int tree_kernel_launch(const TreeAttnParams& params, int grid, CUstream_st* stream, bool deep) {
-  using T = typename DTypeOf<DType>::T;
   if constexpr (D == 128) {
-    if (deep) {
-      using Cfg = TreeKernelConfig<D, true>;
-      tree_attention_kernel<T, D, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-      return cudaGetLastError();
-    }
+    if (deep) return tree_kernel_launch_variant<DType, D, true>(params, grid, stream);
   }
-  using Cfg = TreeKernelConfig<D, false>;
-  tree_attention_kernel<T, D, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-  return cudaGetLastError();
+  return tree_kernel_launch_variant<DType, D, false>(params, grid, stream);
 }
 
 // Staged warp kernel of ring depth S with `warps` warps per CTA.
