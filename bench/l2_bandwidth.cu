@@ -1,0 +1,164 @@
+// Microbenchmark: how many bytes per second the SMs can pull from L2 (or DRAM) into shared
+// memory, the way the tree kernel's producer does (bulk async copies into an mbarrier ring) and
+// with plain 16-byte vector loads, so that a kernel's plan bytes per second can be read against
+// the machine's ceiling (PERF_NOTES.md, session 12).
+//
+// Built by CMake with the benchmarks (FASTTREE_BENCH, CUDA): build-gpu/l2_bandwidth.
+// Usage: l2_bandwidth   (prints one line per configuration: mode, buffer, CTAs/SM, stages, chunk, TB/s)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bar_init(uint64_t* b, uint32_t n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(b)) : "memory");
+}
+__device__ __forceinline__ void bar_arrive_tx(uint64_t* b, uint32_t tx) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(tx) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(saddr(b)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint64_t* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(saddr(b))
+               : "memory");
+}
+
+// One producer thread streams `iters` chunks of `chunk` bytes per CTA into a `stages`-deep ring
+// (pieces of at most 16 KB per bulk copy); one consumer warp waits for each and frees it.
+__global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int stages, int iters, int* sink) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm);
+  uint64_t* empty = full + 8;
+  unsigned char* ring = sm + 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const size_t nchunks = buf_bytes / chunk;
+  if (threadIdx.x == 32) {  // producer
+    for (int i = 0; i < iters; ++i) {
+      const int s = i % stages;
+      if (i >= stages) bar_wait(&empty[s], ((i / stages) - 1) & 1);
+      const size_t c = (static_cast<size_t>(blockIdx.x) * 7919 + static_cast<size_t>(i) * gridDim.x) & (nchunks - 1);  // a power of two
+      const char* src = buf + c * chunk;
+      bar_arrive_tx(&full[s], chunk);
+      for (int off = 0; off < chunk; off += 16384) {
+        const int n = chunk - off < 16384 ? chunk - off : 16384;
+        bulk_copy(saddr(ring + static_cast<size_t>(s) * chunk + off), src + off, n, &full[s]);
+      }
+    }
+  } else if (threadIdx.x < 32) {  // consumer warp
+    int acc = 0;
+    for (int i = 0; i < iters; ++i) {
+      const int s = i % stages;
+      bar_wait(&full[s], (i / stages) & 1);
+      acc += ring[static_cast<size_t>(s) * chunk + threadIdx.x * 4];
+      __syncwarp();
+      if (threadIdx.x == 0) bar_arrive(&empty[s]);
+    }
+    if (acc == 0x7fffffff) *sink = acc;
+  }
+}
+
+// Every thread loads 16-byte vectors, `unroll` in flight, grid-strided over chunks.
+template <int kUnroll>
+__global__ void ldg_kernel(const int4* buf, size_t n16, int iters, int* sink) {
+  int acc = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) & (n16 - 1);  // n16: a power of two
+  for (int it = 0; it < iters; ++it) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcg(buf + ((i + u * stride) & (n16 - 1)));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].w;
+    i = (i + kUnroll * stride) & (n16 - 1);
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t big = size_t(1) << 30;
+  char* buf = nullptr;
+  int* sink = nullptr;
+  CK(cudaMalloc(&buf, big));
+  CK(cudaMalloc(&sink, 4));
+  CK(cudaMemset(buf, 1, big));
+  CK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto time_it = [&](auto launch) {
+    launch();
+    CK(cudaDeviceSynchronize());
+    std::vector<float> ts;
+    for (int r = 0; r < 7; ++r) {
+      CK(cudaEventRecord(e0));
+      launch();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      ts.push_back(ms);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+  };
+  std::printf("mode,buffer_mb,ctas_per_sm,stages,chunk_kb,threads,us,tb_per_s\n");
+  for (size_t buf_mb : {8, 16, 1024}) {
+    const size_t bytes = buf_mb << 20;
+    for (int cps : {1, 2, 3}) {
+      for (int stages : {2, 3, 4, 6}) {
+        for (int chunk : {16384, 32768}) {
+          const int smem = 128 + stages * chunk;
+          if (smem * cps > 227 * 1024) continue;
+          const int grid = sms * cps, iters = 400;
+          const float ms = time_it([&] { bulk_kernel<<<grid, 64, smem>>>(buf, bytes, chunk, stages, iters, sink); });
+          CK(cudaGetLastError());
+          const double tot = double(grid) * iters * chunk;
+          std::printf("bulk,%zu,%d,%d,%d,64,%.1f,%.2f\n", buf_mb, cps, stages, chunk / 1024, ms * 1e3, tot / (ms * 1e-3) / 1e12);
+        }
+      }
+    }
+    for (int threads : {256, 512, 1024}) {
+      const int grid = sms * (2048 / threads), iters = 200;
+      const size_t n16 = bytes / 16;
+      const float ms = time_it([&] { ldg_kernel<4><<<grid, threads>>>(reinterpret_cast<const int4*>(buf), n16, iters, sink); });
+      CK(cudaGetLastError());
+      const double tot = double(grid) * threads * iters * 4 * 16;
+      std::printf("ldg4,%zu,%d,0,0,%d,%.1f,%.2f\n", buf_mb, 2048 / threads, threads, ms * 1e3, tot / (ms * 1e-3) / 1e12);
+    }
+  }
+  return 0;
+}
