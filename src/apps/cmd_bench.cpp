@@ -78,10 +78,17 @@ void print_trace(const std::vector<uint64_t>& tr) {
                  v[v.size() / 2], v.back());
     }
   // Per-CTA sums (durations in us, tile counts).
+  // us for the ns sums, the count as is, kilocycles (SM clock) for the cycle sums.
   const std::pair<int, const char*> sums[] = {{cuda_detail::kTrConsWaitNs, "consumer full-wait"},
                                               {cuda_detail::kTrConsTiles, "tiles (count)"},
                                               {cuda_detail::kTrProdWaitNs, "producer empty-wait"},
-                                              {cuda_detail::kTrProdIssueNs, "producer issuing"}};
+                                              {cuda_detail::kTrProdIssueNs, "producer issuing"},
+                                              {cuda_detail::kTrConsTileCy, "consumer tile kcy"},
+                                              {cuda_detail::kTrProdRecordCy, "prod record kcy"},
+                                              {cuda_detail::kTrProdQCy, "prod Q kcy"},
+                                              {cuda_detail::kTrProdSearchCy, "prod search kcy"},
+                                              {cuda_detail::kTrProdCopyCy, "prod copies kcy"},
+                                              {cuda_detail::kTrProdPublishCy, "prod publish kcy"}};
   for (const auto& [e, name] : sums) {
     std::vector<double> v;
     for (int c = 0; c < kCtas; ++c) {

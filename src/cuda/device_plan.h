@@ -96,7 +96,7 @@ struct DeviceCounts {
 // Diagnostics (cuda/trace.cuh, builds with FT_TRACE only): trace[kind][cta][event] holds %globaltimer
 // stamps in ns, 0 = not reached; kinds and events below.
 inline constexpr int kTraceCtas = 2048;
-inline constexpr int kTraceEvents = 16;
+inline constexpr int kTraceEvents = 24;
 enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
 enum TraceTreeEvent {
   kTrStart = 0,        // producer: kernel entry
@@ -115,6 +115,13 @@ enum TraceTreeEvent {
   kTrConsTiles = 12,    // consumer warp 0: tiles consumed (a count)
   kTrProdWaitNs = 13,   // producer: waiting on empty barriers
   kTrProdIssueNs = 14,  // producer: issuing a tile (Q, K/V copies, publish)
+  // The producer's issue split into its steps, in SM cycles (clock64; summed like the above):
+  kTrProdRecordCy = 15,  // reading a new unit's block record (shared -> registers)
+  kTrProdQCy = 16,       // a unit's Q rows and row tables (issue_q)
+  kTrProdSearchCy = 17,  // a tile's slot-run window: ensure_window + window_search
+  kTrProdCopyCy = 18,    // a tile's K/V copies after the search (TMA / cp.async issue)
+  kTrProdPublishCy = 19, // publish (meta, arrivals) and the next record's gather
+  kTrConsTileCy = 20,    // consumer warp 0: a tile from its full barrier to its release
 };
 enum TraceMergeEvent { kTrMergeStart = 0, kTrMergeWaited = 1, kTrMergeEnd = 2 };
 

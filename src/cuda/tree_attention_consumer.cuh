@@ -541,7 +541,9 @@ struct Consumer {
     int stage = 0;
     uint32_t parity = 0;
     // Every thread, after its last read of the stage: hand it back to the producer, move to the next.
+    [[maybe_unused]] uint64_t sum_tile_cy = 0, tc = 0;  // FT_TRACE: full barrier -> release (cycles)
     auto release_stage = [&] {
+      if constexpr (FT_TRACE) sum_tile_cy += clock64() - tc;
       mbar_arrive(&s.empty[stage]);
       if (++stage == Cfg::kStages) {
         stage = 0;
@@ -554,7 +556,10 @@ struct Consumer {
       [[maybe_unused]] uint64_t tw = 0;
       if constexpr (FT_TRACE) tw = globaltimer_ns();
       mbar_wait(&s.full[stage], parity);
-      if constexpr (FT_TRACE) sum_wait += globaltimer_ns() - tw;
+      if constexpr (FT_TRACE) {
+        sum_wait += globaltimer_ns() - tw;
+        tc = clock64();
+      }
       if (FT_TRACE && warp == 0 && lane == 0 && tiles_seen == 0) trace_mark(p.trace, kTraceTree, kTrFirstFull);
       // Broadcast from lane 0: the compiler then knows every field is warp-uniform, so the wgmma
       // path is not treated as divergent (which would serialize its wgmmas).
@@ -615,6 +620,7 @@ struct Consumer {
     if (warp == 0 && lane == 0) {
       trace_put(p.trace, kTraceTree, kTrConsWaitNs, sum_wait);
       trace_put(p.trace, kTraceTree, kTrConsTiles, static_cast<uint64_t>(tiles_seen));
+      trace_put(p.trace, kTraceTree, kTrConsTileCy, sum_tile_cy);
       trace_mark(p.trace, kTraceTree, kTrConsumerEnd);
     }
     if (p.merge_count != nullptr) zero_orphans();

@@ -68,6 +68,11 @@ struct Producer {
   // run over p0 rolled and over j unrolled: the producer's code is fetched on the critical path of
   // every small plan (PERF_NOTES.md, session 9), fully unrolled pass loops tripled its size.
   uint32_t so[kPer];
+#if FT_TRACE
+  // clock64 when issue_kv's slot search ended (its split into search and copies); trace builds only,
+  // so that the production kernel's code does not change.
+  mutable uint64_t tr_search_end = 0;
+#endif
 
   __device__ Producer(const TreeAttnParams& params, const SmemLayout& smem, int lane_id)
       : p(params), s(smem), lane(lane_id) {
@@ -285,6 +290,9 @@ struct Producer {
     const int fill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : (count + 15) & ~15;
     ensure_window(c, base);
     const int k0 = window_search(c, base);  // same for every lane
+#if FT_TRACE
+    tr_search_end = clock64();
+#endif
     if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
       // Fast path: one run; row r is slot slot0 + r.
       const int64_t slot0 = shfl_i64(c.win_slot, k0) + (base - __shfl_sync(kFullMask, c.win_tb, k0));
@@ -427,6 +435,10 @@ struct Producer {
     uint32_t parity = 1;  // empty barriers: the first round passes at once
     int seq = 0, t = 0, ntiles = 0;
     [[maybe_unused]] uint64_t sum_wait = 0, sum_issue = 0;  // FT_TRACE sums
+#if FT_TRACE
+    uint64_t cy[5] = {0, 0, 0, 0, 0};  // record, Q, search, copies, publish (cycles)
+    uint64_t c0 = 0, c1 = 0;
+#endif
     for (;;) {
       [[maybe_unused]] uint64_t tw = 0;
       if constexpr (FT_TRACE) tw = globaltimer_ns();
@@ -436,6 +448,9 @@ struct Producer {
         sum_wait += now - tw;
         tw = now;
       }
+#if FT_TRACE
+      c0 = clock64();
+#endif
       if (t == 0) {  // a new unit: its record has landed (see the header comment)
         const int unit = s.rec_unit[seq % Cfg::kRecSlots];
         if (unit >= num_units) break;
@@ -443,12 +458,28 @@ struct Producer {
         if (FT_TRACE && seq == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstRecord);
         ntiles = (a.d.kv_len + kN - 1) / kN;
       }
+#if FT_TRACE
+      c1 = clock64();
+      cy[0] += c1 - c0;
+      c0 = c1;
+#endif
       const bool last = t == ntiles - 1;
       const int count = min(kN, a.d.kv_len - t * kN);
       const int qslot = seq % Cfg::kStages;
       if (t == 0) partial = issue_q(a, qslot);
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstQ);
+#if FT_TRACE
+      c1 = clock64();
+      cy[1] += c1 - c0;
+      c0 = c1;
+#endif
       issue_kv(a, t, count, stage, FT_TRACE && seq == 0 && t == 0);
+#if FT_TRACE
+      c1 = clock64();
+      cy[2] += tr_search_end - c0;
+      cy[3] += c1 - tr_search_end;
+      c0 = c1;
+#endif
       const int pt = t * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
       const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
                         (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8) |
@@ -456,6 +487,9 @@ struct Producer {
       publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstIssue);
       if (t == 0) issue_record(seq + Cfg::kLook, take(seq + Cfg::kLook));  // into unit seq - 1's slot
+#if FT_TRACE
+      cy[4] += clock64() - c0;
+#endif
       if constexpr (FT_TRACE) sum_issue += globaltimer_ns() - tw;
       if (++stage == Cfg::kStages) {
         stage = 0;
@@ -484,6 +518,10 @@ struct Producer {
     if (lane == 0) {
       trace_put(p.trace, kTraceTree, kTrProdWaitNs, sum_wait);
       trace_put(p.trace, kTraceTree, kTrProdIssueNs, sum_issue);
+#if FT_TRACE
+#pragma unroll
+      for (int i = 0; i < 5; ++i) trace_put(p.trace, kTraceTree, kTrProdRecordCy + i, cy[i]);
+#endif
       trace_mark(p.trace, kTraceTree, kTrProducerEnd);
     }
   }
