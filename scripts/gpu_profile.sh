@@ -4,8 +4,8 @@
 # Nsight Compute times every tree-attention, warp-unit and merge kernel launch of one untimed,
 # ungraphed run per cell and plan variant (fp16; ncu serializes the launches and flushes the caches
 # before each), with the DRAM bytes each moved. Output: $OUT/ncu.csv (one row per kernel x metric)
-# and $OUT/suite-prof.csv (the bench's own rows, for the cell order). scripts/profile_table.py
-# turns them into a per-cell table. ONLY: a --only filter of fasttree bench (default: every cell).
+# and $OUT/suite-prof.csv (the bench's own rows, for the cell order; ncu.csv lists the launches in
+# that order). ONLY: a --only filter of fasttree bench (default: every cell).
 set -uo pipefail
 B=${1:-build-gpu}
 ONLY=${2:-}
