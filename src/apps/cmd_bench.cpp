@@ -77,8 +77,7 @@ void print_trace(const std::vector<uint64_t>& tr) {
       fmt::print("  trace {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f} us\n", name, v.size(), v.front(),
                  v[v.size() / 2], v.back());
     }
-  // Per-CTA sums (durations in us, tile counts).
-  // us for the ns sums, the count as is, kilocycles (SM clock) for the cycle sums.
+  // Per-CTA sums: durations in us (ns sums), the tile count, kilocycles of the SM clock (cycle sums).
   const std::pair<int, const char*> sums[] = {{cuda_detail::kTrConsWaitNs, "consumer full-wait"},
                                               {cuda_detail::kTrConsTiles, "tiles (count)"},
                                               {cuda_detail::kTrProdWaitNs, "producer empty-wait"},
