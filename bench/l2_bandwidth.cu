@@ -3,15 +3,28 @@
 // with plain 16-byte vector loads, so that a kernel's plan bytes per second can be read against
 // the machine's ceiling (PERF_NOTES.md, session 12).
 //
+// A third mode issues each 32 KB stage as the tree kernel's full K/V tile: four TMA tile loads of
+// 64 x 64 fp16 boxes (128-byte swizzle) from a [rows][128] tensor, optionally with a consumer that
+// holds each stage for a fixed time (the tree kernel's consumer takes ~1 us per 64 x 64 tile), and
+// reports the producer's cycles per stage spent in the issue alone (expect_tx + copies, empty waits
+// excluded): whether the copy instructions themselves stall under load.
+//
 // Built by CMake with the benchmarks (FASTTREE_BENCH, CUDA): build-gpu/l2_bandwidth.
-// Usage: l2_bandwidth   (prints one line per configuration: mode, buffer, CTAs/SM, stages, chunk, TB/s)
+// Usage: l2_bandwidth [tma]   (prints one line per configuration: mode, buffer, CTAs/SM, stages,
+// chunk, TB/s; with "tma" only the tile-load modes, with their issue cycles per stage)
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 #define CK(x)                                                                                  \
   do {                                                                                         \
@@ -89,6 +102,72 @@ __global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int st
   }
 }
 
+// Each stage is one 64-row K/V tile of a [rows][128] fp16 tensor: K = rows [r, r + 64), V = rows
+// [r + rows / 2, +64), each as two 64-column boxes (tensor = 1) or as two 8 KB bulk copies of the
+// same bytes, unswizzled (tensor = 0). The consumer warp holds each stage hold_ns before releasing
+// it. issue[blockIdx.x] = the producer's clock64 cycles in expect_tx + copies, summed over stages.
+__global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char* buf, int rows, int tensor, int stages,
+                            int iters, int hold_ns, unsigned long long* issue, int* sink) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm);
+  uint64_t* empty = full + 8;
+  unsigned char* ring = sm + 1024;
+  constexpr int kStage = 32768;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int tiles = rows / 2 / 64;  // a power of two
+  if (threadIdx.x == 32) {  // producer
+    unsigned long long cyc = 0;
+    for (int i = 0; i < iters; ++i) {
+      const int s = i % stages;
+      if (i >= stages) bar_wait(&empty[s], ((i / stages) - 1) & 1);
+      const int r = ((blockIdx.x * 7919 + i * gridDim.x) & (tiles - 1)) * 64;
+      const uint32_t dst = saddr(ring + static_cast<size_t>(s) * kStage);
+      const unsigned long long t0 = clock64();
+      bar_arrive_tx(&full[s], kStage);
+      for (int h = 0; h < 2; ++h) {
+        const int row = r + h * (rows / 2);
+        for (int cb = 0; cb < 2; ++cb) {
+          const uint32_t d = dst + h * 16384 + cb * 8192;
+          if (tensor) {
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(d),
+                "l"(&map), "r"(cb * 64), "r"(row), "r"(saddr(&full[s]))
+                : "memory");
+          } else {
+            bulk_copy(d, buf + static_cast<size_t>(row) * 256 + cb * 8192, 8192, &full[s]);
+          }
+        }
+      }
+      cyc += clock64() - t0;
+    }
+    issue[blockIdx.x] = cyc;
+  } else if (threadIdx.x < 32) {  // consumer warp
+    int acc = 0;
+    for (int i = 0; i < iters; ++i) {
+      const int s = i % stages;
+      bar_wait(&full[s], (i / stages) & 1);
+      acc += ring[static_cast<size_t>(s) * kStage + threadIdx.x * 4];
+      if (hold_ns > 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do {
+          asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        } while (t - t0 < static_cast<unsigned long long>(hold_ns));
+      }
+      __syncwarp();
+      if (threadIdx.x == 0) bar_arrive(&empty[s]);
+    }
+    if (acc == 0x7fffffff) *sink = acc;
+  }
+}
+
 // Every thread loads 16-byte vectors, `unroll` in flight, grid-strided over chunks.
 template <int kUnroll>
 __global__ void ldg_kernel(const int4* buf, size_t n16, int iters, int* sink) {
@@ -106,7 +185,8 @@ __global__ void ldg_kernel(const int4* buf, size_t n16, int iters, int* sink) {
   if (acc == 0x7fffffff) *sink = acc;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool tma_only = argc > 1 && std::strcmp(argv[1], "tma") == 0;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t big = size_t(1) << 30;
@@ -136,6 +216,52 @@ int main() {
     return ts[ts.size() / 2];
   };
   std::printf("mode,buffer_mb,ctas_per_sm,stages,chunk_kb,threads,us,tb_per_s\n");
+  // Tile modes: TMA tile loads vs bulk copies of the same 32 KB per stage; hold = consumer ns per stage.
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult qr{};
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr));
+  if (fn == nullptr) {
+    std::fprintf(stderr, "no cuTensorMapEncodeTiled\n");
+    return 1;
+  }
+  CK(cudaFuncSetAttribute(tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+  unsigned long long* issue = nullptr;
+  CK(cudaMalloc(&issue, sizeof(unsigned long long) * sms * 4));
+  std::printf("tile_mode,buffer_mb,ctas_per_sm,stages,hold_ns,us,tb_per_s,issue_cycles_per_stage_median\n");
+  for (size_t buf_mb : {16, 1024}) {
+    const int rows = static_cast<int>((buf_mb << 20) / 256);
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {128, static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {256};
+    const cuuint32_t box[2] = {64, 64};
+    const cuuint32_t es[2] = {1, 1};
+    if (reinterpret_cast<EncodeTiled>(fn)(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, buf, dims, strides, box, es,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
+      return 1;
+    }
+    for (int tensor : {1, 0}) {
+      for (int cps : {1, 2}) {
+        for (int stages : {2, 3, 4}) {
+          for (int hold : {0, 500, 1000}) {
+            const int smem = 1024 + stages * 32768;
+            if (smem * cps > 227 * 1024) continue;
+            const int grid = sms * cps, iters = hold > 0 ? 100 : 400;
+            const float ms = time_it([&] { tile_kernel<<<grid, 64, smem>>>(map, buf, rows, tensor, stages, iters, hold, issue, sink); });
+            CK(cudaGetLastError());
+            std::vector<unsigned long long> cyc(grid);
+            CK(cudaMemcpy(cyc.data(), issue, sizeof(unsigned long long) * grid, cudaMemcpyDeviceToHost));
+            std::sort(cyc.begin(), cyc.end());
+            const double tot = double(grid) * iters * 32768;
+            std::printf("%s,%zu,%d,%d,%d,%.1f,%.2f,%.0f\n", tensor ? "tma" : "bulk8k", buf_mb, cps, stages, hold, ms * 1e3,
+                        tot / (ms * 1e-3) / 1e12, double(cyc[grid / 2]) / iters);
+          }
+        }
+      }
+    }
+  }
+  if (tma_only) return 0;
   for (size_t buf_mb : {8, 16, 1024}) {
     const size_t bytes = buf_mb << 20;
     for (int cps : {1, 2, 3}) {
