@@ -31,6 +31,7 @@
 #include "cpu/reference.h"
 #include "cuda/backend.h"
 #include "cuda/merge_choice.h"
+#include "cuda/tile_slots.h"
 #include "plan/per_request_plan.h"
 #include "plan/plan.h"
 #include "plan/plan_stats.h"
@@ -549,6 +550,47 @@ TEST(CudaAttention, MergeKernelChoice) {
   for (int d : {0, 4, 2048}) EXPECT_FALSE(prefer_wide_merge(100, 1000, 10, grid, d));
   EXPECT_FALSE(prefer_wide_merge(0, 0, 0, grid, 128));
   EXPECT_FALSE(prefer_wide_merge(100, 1000, 10, 0, 128));
+}
+
+// CPU-only: BlockRecord::tile_slot against a token -> (slot, run) map built independently: a tile
+// gets a slot only when it is full and all its tokens sit on consecutive slots of one run (so the
+// producer's TMA box is exactly the tile), every full one-run tile among the first kRecordTiles gets
+// one, and nothing beyond kv_len, past kRecordTiles or past int32 slots does.
+TEST(CudaAttention, TileSlotsFromRuns) {
+  using cuda_detail::BlockRecord;
+  using cuda_detail::DeviceRun;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<DeviceRun> runs;
+    std::vector<int64_t> tok_slot, tok_run;
+    const int64_t base = trial % 10 == 9 ? int64_t{INT32_MAX} - 3000 : int64_t(rng() % 100000);
+    int64_t slot = base;
+    while (tok_slot.size() < 3000) {
+      const int len = trial % 3 == 0 ? 1 + int(rng() % 20) : 1 + int(rng() % 300);
+      if (rng() % 4 != 0) slot += 1 + rng() % 5000;  // else the run continues the previous one's slots
+      runs.push_back(DeviceRun{slot, static_cast<int32_t>(tok_slot.size()), len});
+      for (int i = 0; i < len; ++i) {
+        tok_slot.push_back(slot + i);
+        tok_run.push_back(static_cast<int64_t>(runs.size()) - 1);
+      }
+      slot += len;
+    }
+    const int ntok = static_cast<int>(tok_slot.size());
+    BlockRecord rec{};
+    rec.desc.kv_begin = static_cast<int32_t>(rng() % 500);
+    rec.desc.kv_len = 1 + static_cast<int32_t>(rng() % (ntok - rec.desc.kv_begin));
+    std::fill(rec.tile_slot, rec.tile_slot + cuda_detail::kRecordTiles, 12345);  // stale record memory
+    const DeviceRun* rb = runs.data() + tok_run[rec.desc.kv_begin];
+    cuda_detail::fill_tile_slots(rec, rb, runs.data() + runs.size());
+    for (int t = 0; t < cuda_detail::kRecordTiles; ++t) {
+      const int64_t first = rec.desc.kv_begin + int64_t{t} * cuda_detail::kKvTile;
+      bool one_run = (t + 1) * cuda_detail::kKvTile <= rec.desc.kv_len;
+      for (int i = 0; one_run && i < cuda_detail::kKvTile; ++i)
+        one_run = tok_run[first + i] == tok_run[first] && tok_slot[first + i] == tok_slot[first] + i;
+      const bool fits = one_run && tok_slot[first] + cuda_detail::kKvTile <= INT32_MAX;
+      EXPECT_EQ(rec.tile_slot[t], fits ? tok_slot[first] : -1) << "trial " << trial << " tile " << t;
+    }
+  }
 }
 
 // CPU-only: the per-request plan is a valid plan (validate_plan) and the CPU executor runs it exactly.

@@ -63,8 +63,11 @@ static_assert(sizeof(DeviceRun) == 16);
 // query (row0 + r) / g of the item's tile), and the private-region ends of its queries. Unused
 // entries are zero. A block with private pieces has its own run list: the chunk's runs (context
 // tokens [kv_begin, kv_begin + shared_len)) followed by its pieces' runs at
-// [kv_begin + shared_len, kv_begin + kv_len), query by query.
+// [kv_begin + shared_len, kv_begin + kv_len), query by query. tile_slot[t] (t < kRecordTiles) is
+// the slot of tile t's first token when the tile is kKvTile tokens inside one run (the producer's
+// TMA path, computed at upload so that the kernel skips the run search), else -1.
 inline constexpr int kRecordRuns = 32;
+inline constexpr int kRecordTiles = 32;
 inline constexpr int kMaxPrivateTokens = 0x7fff;
 struct BlockRecord {
   BlockDesc desc;
@@ -73,12 +76,13 @@ struct BlockRecord {
   // Query j of the block (j = (row0 + r) / g - row0 / g for row r) reads private tokens
   // [j > 0 ? priv_end[j - 1] : 0, priv_end[j]) (counted from shared_len); all zero without pieces.
   uint16_t priv_end[kMaxBlockRows];
+  int32_t tile_slot[kRecordTiles];
 };
 inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
 // Records each CTA gathers before it knows the unit count (TreeKernelConfig::kLook <= this): the
 // record array has at least kMaxRecordLook x grid entries.
 inline constexpr int kMaxRecordLook = 5;
-static_assert(kRecordBytes == 1696 && kRecordBytes % 16 == 0);
+static_assert(kRecordBytes == 1824 && kRecordBytes % 16 == 0);
 
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
 // plan is uploaded into the same buffers.

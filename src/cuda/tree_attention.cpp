@@ -15,6 +15,7 @@
 #include "cuda/device_plan.h"
 #include "cuda/kernels.h"
 #include "cuda/merge_choice.h"
+#include "cuda/tile_slots.h"
 #include "cuda/tma_desc.h"
 
 namespace fasttree {
@@ -531,6 +532,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       }
       const int64_t nruns = std::min<int64_t>(kRecordRuns, runs + rec.desc.seg_end - rb);
       std::copy(rb, rb + nruns, rec.runs);
+      fill_tile_slots(rec, rb, runs + rec.desc.seg_end);
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile
         const int32_t q = plan.vnode_queries[it.q_begin + j];

@@ -32,6 +32,11 @@ struct TreeKernelConfig {
   static constexpr int kLook = kStages + 1;
   static constexpr int kRecSlots = kStages + 2;
   static_assert(kLook <= kMaxRecordLook);
+  // A record slot holds the BlockRecord up to its tile table's first kRecTiles entries (tile_slot is
+  // the record's last field): d = 64 keeps none (its 4-stage ring leaves no room at 2 CTAs per SM).
+  static constexpr int kRecTiles = D >= 128 ? kRecordTiles : 0;
+  static constexpr int kRecSlotBytes = kRecordBytes - (kRecordTiles - kRecTiles) * 4;
+  static_assert(kRecSlotBytes % 16 == 0);
   static constexpr int kConsumerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + 32;
   static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets
@@ -48,7 +53,7 @@ struct TreeKernelConfig {
   static constexpr int kQSlotBytes = kM * D * 2;
   static constexpr int kQOff = kStages * kKvStageBytes;
   static constexpr int kRecOff = kQOff + kQSlots * kQSlotBytes;
-  static constexpr int kRecUnitOff = kRecOff + kRecSlots * kRecordBytes;
+  static constexpr int kRecUnitOff = kRecOff + kRecSlots * kRecSlotBytes;
   static constexpr int kRowOff = kRecUnitOff + (kRecSlots * 4 + 15) / 16 * 16;
   static constexpr int kMetaOff = kRowOff + kRowTables * kStages * kM * 4;
   static constexpr int kMlOff = kMetaOff + kStages * 16;

@@ -18,8 +18,11 @@
 // the consumers release only after the full barrier completed. The first kLook records (issued
 // before the CTA barrier) are awaited with cp.async.wait_all.
 //
-// KV slots come from the vnode's runs of consecutive slots (device_plan.h), held lane-distributed
-// as a window of up to 32 runs:
+// KV slots: a full tile inside one run among a unit's first kRecordTiles tiles has its first slot
+// in the record (BlockRecord::tile_slot, from upload) and goes straight to TMA: no run search, the
+// shortest per-tile path (the producer's time is instruction issue and fetch, PERF_NOTES.md
+// session 13). Other tiles resolve their slots from the vnode's runs of consecutive slots
+// (device_plan.h), held lane-distributed as a window of up to 32 runs:
 //   fast path  the tile lies inside one run (the usual case): row r's address is
 //              base + r * row_stride, no per-row lookup at all;
 //   slow path  the tile crosses runs: each lane resolves rows lane and lane + 32 by a binary search
@@ -114,7 +117,7 @@ struct Producer {
   __device__ int claim() const { return Cfg::kLook * static_cast<int>(gridDim.x) + atomicAdd(p.work_counter, 1); }
 
   __device__ uint32_t rec_addr(int seq) const {
-    return smem_addr(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * kRecordBytes);
+    return smem_addr(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * Cfg::kRecSlotBytes);
   }
 
   // Gathers unit `unit`'s block record into record slot seq % kRecSlots (nothing for no unit).
@@ -127,12 +130,12 @@ struct Producer {
     const char* src = reinterpret_cast<const char*>(p.records + unit / p.num_kv_heads);
     const uint32_t dst = rec_addr(seq);
 #pragma unroll
-    for (int c = lane; c < kRecordBytes / 16; c += 32) cp_async_16(dst + c * 16, src + c * 16, 16);
+    for (int c = lane; c < Cfg::kRecSlotBytes / 16; c += 32) cp_async_16(dst + c * 16, src + c * 16, 16);
   }
 
   // The current unit's state from its record (slot of seq, landed).
   __device__ void read_record(UnitCtx& c, int seq, int unit) const {
-    const unsigned char* rec = s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * kRecordBytes;
+    const unsigned char* rec = s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * Cfg::kRecSlotBytes;
     c.unit = unit;
     c.kvh = unit % p.num_kv_heads;
     const int4 a = *reinterpret_cast<const int4*>(rec), b = *reinterpret_cast<const int4*>(rec + 16);
@@ -279,11 +282,29 @@ struct Producer {
   // [count, round_up(count, 16)) are zeroed (all of [count, 64) for wgmma units, whose P V runs
   // every k-step), rows beyond are never read.
   // mark: FT_TRACE builds stamp kTrFirstKvBegin / kTrFirstKvEnd around the copies.
-  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage, bool mark = false) const {
+  // tma_slot >= 0: the tile is kN tokens in one run starting at that slot (BlockRecord::tile_slot,
+  // p.use_tma): lane 0 loads it by TMA with no run search.
+  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage, int tma_slot, bool mark = false) const {
     const T* kg = static_cast<const T*>(p.k);
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
     const uint32_t sv = sk + kN * D * 2;
+    if (tma_slot >= 0) {
+#if FT_TRACE
+      tr_search_end = clock64();
+#endif
+      if (lane == 0) {
+        if (mark) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
+        mbar_expect_tx(&s.full[stage], 2u * kN * D * sizeof(T));
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb) {
+          tma_load_3d(sk + cb * (64 * 64 * 2), &p.tma_k, cb * 64, tma_slot, c.kvh, &s.full[stage]);
+          tma_load_3d(sv + cb * (64 * 64 * 2), &p.tma_v, cb * 64, tma_slot, c.kvh, &s.full[stage]);
+        }
+        if (mark) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
+      }
+      return;
+    }
     const int64_t row_stride = p.kv_row_stride;  // elements between slots
     const int64_t col_off = static_cast<int64_t>(c.kvh) * p.kv_head_stride + chunk * 8;
     const int base = c.d.kv_begin + t * kN;
@@ -434,6 +455,7 @@ struct Producer {
     int stage = 0;
     uint32_t parity = 1;  // empty barriers: the first round passes at once
     int seq = 0, t = 0, ntiles = 0;
+    const int* tile_slots = nullptr;  // the current unit's BlockRecord::tile_slot (its record slot stays until the unit is issued)
     [[maybe_unused]] uint64_t sum_wait = 0, sum_issue = 0;  // FT_TRACE sums
 #if FT_TRACE
     uint64_t cy[5] = {0, 0, 0, 0, 0};  // record, Q, search, copies, publish (cycles)
@@ -455,6 +477,7 @@ struct Producer {
         const int unit = s.rec_unit[seq % Cfg::kRecSlots];
         if (unit >= num_units) break;
         read_record(a, seq, unit);
+        tile_slots = reinterpret_cast<const BlockRecord*>(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * Cfg::kRecSlotBytes)->tile_slot;
         if (FT_TRACE && seq == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstRecord);
         ntiles = (a.d.kv_len + kN - 1) / kN;
       }
@@ -465,6 +488,7 @@ struct Producer {
 #endif
       const bool last = t == ntiles - 1;
       const int count = min(kN, a.d.kv_len - t * kN);
+      const int tma_slot = p.use_tma && t < Cfg::kRecTiles ? tile_slots[t] : -1;
       const int qslot = seq % Cfg::kStages;
       if (t == 0) partial = issue_q(a, qslot);
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstQ);
@@ -473,7 +497,7 @@ struct Producer {
       cy[1] += c1 - c0;
       c0 = c1;
 #endif
-      issue_kv(a, t, count, stage, FT_TRACE && seq == 0 && t == 0);
+      issue_kv(a, t, count, stage, tma_slot, FT_TRACE && seq == 0 && t == 0);
 #if FT_TRACE
       c1 = clock64();
       cy[2] += tr_search_end - c0;
