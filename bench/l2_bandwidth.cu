@@ -61,13 +61,8 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
-// One producer thread streams `iters` chunks of `chunk` bytes per CTA into a `stages`-deep ring
-// (pieces of at most 16 KB per bulk copy); one consumer warp waits for each and frees it.
-__global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int stages, int iters, int* sink) {
-  extern __shared__ __align__(128) unsigned char sm[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(sm);
-  uint64_t* empty = full + 8;
-  unsigned char* ring = sm + 128;
+// Thread 0 initializes the ring's full / empty mbarriers (one arrival each); then a CTA barrier.
+__device__ void ring_init(uint64_t* full, uint64_t* empty, int stages) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       bar_init(&full[s], 1);
@@ -76,6 +71,38 @@ __global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int st
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+}
+
+// The consumer warp: waits for each of `iters` stages of `stage_bytes`, touches it, holds it hold_ns
+// (globaltimer spin; 0: none) and frees it.
+__device__ void consume(uint64_t* full, uint64_t* empty, const unsigned char* ring, int stage_bytes, int stages,
+                        int iters, int hold_ns, int* sink) {
+  int acc = 0;
+  for (int i = 0; i < iters; ++i) {
+    const int s = i % stages;
+    bar_wait(&full[s], (i / stages) & 1);
+    acc += ring[static_cast<size_t>(s) * stage_bytes + threadIdx.x * 4];
+    if (hold_ns > 0) {
+      unsigned long long t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      } while (t - t0 < static_cast<unsigned long long>(hold_ns));
+    }
+    __syncwarp();
+    if (threadIdx.x == 0) bar_arrive(&empty[s]);
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+// One producer thread streams `iters` chunks of `chunk` bytes per CTA into a `stages`-deep ring
+// (pieces of at most 16 KB per bulk copy); one consumer warp waits for each and frees it.
+__global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int stages, int iters, int* sink) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm);
+  uint64_t* empty = full + 8;
+  unsigned char* ring = sm + 128;
+  ring_init(full, empty, stages);
   const size_t nchunks = buf_bytes / chunk;
   if (threadIdx.x == 32) {  // producer
     for (int i = 0; i < iters; ++i) {
@@ -89,16 +116,8 @@ __global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int st
         bulk_copy(saddr(ring + static_cast<size_t>(s) * chunk + off), src + off, n, &full[s]);
       }
     }
-  } else if (threadIdx.x < 32) {  // consumer warp
-    int acc = 0;
-    for (int i = 0; i < iters; ++i) {
-      const int s = i % stages;
-      bar_wait(&full[s], (i / stages) & 1);
-      acc += ring[static_cast<size_t>(s) * chunk + threadIdx.x * 4];
-      __syncwarp();
-      if (threadIdx.x == 0) bar_arrive(&empty[s]);
-    }
-    if (acc == 0x7fffffff) *sink = acc;
+  } else if (threadIdx.x < 32) {
+    consume(full, empty, ring, chunk, stages, iters, 0, sink);
   }
 }
 
@@ -113,14 +132,7 @@ __global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char*
   uint64_t* empty = full + 8;
   unsigned char* ring = sm + 1024;
   constexpr int kStage = 32768;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      bar_init(&full[s], 1);
-      bar_init(&empty[s], 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  ring_init(full, empty, stages);
   const int tiles = rows / 2 / 64;  // a power of two
   if (threadIdx.x == 32) {  // producer
     unsigned long long cyc = 0;
@@ -148,23 +160,8 @@ __global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char*
       cyc += clock64() - t0;
     }
     issue[blockIdx.x] = cyc;
-  } else if (threadIdx.x < 32) {  // consumer warp
-    int acc = 0;
-    for (int i = 0; i < iters; ++i) {
-      const int s = i % stages;
-      bar_wait(&full[s], (i / stages) & 1);
-      acc += ring[static_cast<size_t>(s) * kStage + threadIdx.x * 4];
-      if (hold_ns > 0) {
-        unsigned long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        do {
-          asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        } while (t - t0 < static_cast<unsigned long long>(hold_ns));
-      }
-      __syncwarp();
-      if (threadIdx.x == 0) bar_arrive(&empty[s]);
-    }
-    if (acc == 0x7fffffff) *sink = acc;
+  } else if (threadIdx.x < 32) {
+    consume(full, empty, ring, kStage, stages, iters, hold_ns, sink);
   }
 }
 
