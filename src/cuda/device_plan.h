@@ -13,6 +13,7 @@
 // run.slot + j and the kernel never reads the per-token slot list. Tree nodes built on consecutive
 // slots (or pages) give a few long runs; arbitrary slot lists still work (runs of one token).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace fasttree::cuda_detail {
@@ -83,6 +84,8 @@ inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
 // record array has at least kMaxRecordLook x grid entries.
 inline constexpr int kMaxRecordLook = 5;
 static_assert(kRecordBytes == 1824 && kRecordBytes % 16 == 0);
+// The kernel's record slots may drop the tile table's tail (TreeKernelConfig::kRecSlotBytes): it is last.
+static_assert(offsetof(BlockRecord, tile_slot) + sizeof(BlockRecord::tile_slot) == sizeof(BlockRecord));
 
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
 // plan is uploaded into the same buffers.
