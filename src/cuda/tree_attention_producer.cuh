@@ -257,6 +257,20 @@ struct Producer {
     return __any_sync(kFullMask, partial);
   }
 
+  // Lane 0: the full tile of kN slots from `slot` (one run) into stage `stage` by TMA: raises the
+  // stage's expected bytes, then copies each 64-column block of K and V as one box (the tensor
+  // maps' 128-byte swizzle is swz64's).
+  __device__ void tma_full_tile(int stage, int slot, int kvh) const {
+    const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
+    const uint32_t sv = sk + kN * D * 2;
+    mbar_expect_tx(&s.full[stage], 2u * kN * D * sizeof(T));
+#pragma unroll
+    for (int cb = 0; cb < D / 64; ++cb) {
+      tma_load_3d(sk + cb * (64 * 64 * 2), &p.tma_k, cb * 64, slot, kvh, &s.full[stage]);
+      tma_load_3d(sv + cb * (64 * 64 * 2), &p.tma_v, cb * 64, slot, kvh, &s.full[stage]);
+    }
+  }
+
   // Lane 0: the 16-row chunks i of `mask` (chunk i = tile rows [16 i, 16 i + 16), first slot si)
   // of stage `stage` by TMA, 16-slot boxes per 64-column block of K and V, after raising the full
   // barrier's expected bytes by all of them.
@@ -295,12 +309,7 @@ struct Producer {
 #endif
       if (lane == 0) {
         if (mark) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
-        mbar_expect_tx(&s.full[stage], 2u * kN * D * sizeof(T));
-#pragma unroll
-        for (int cb = 0; cb < D / 64; ++cb) {
-          tma_load_3d(sk + cb * (64 * 64 * 2), &p.tma_k, cb * 64, tma_slot, c.kvh, &s.full[stage]);
-          tma_load_3d(sv + cb * (64 * 64 * 2), &p.tma_v, cb * 64, tma_slot, c.kvh, &s.full[stage]);
-        }
+        tma_full_tile(stage, tma_slot, c.kvh);
         if (mark) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
       }
       return;
@@ -322,17 +331,8 @@ struct Producer {
       const T* vp = vg + off0;
       if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
       if (count == kN && p.use_tma) {
-        // Full tile in one run, TMA: lane 0 raises the stage's expected bytes, then copies each
-        // 64-column block of K and V as one box (the tensor map's 128-byte swizzle is swz64's).
-        if (lane == 0) {
-          mbar_expect_tx(&s.full[stage], 2u * kN * D * sizeof(T));
-          const int slot = static_cast<int>(slot0);
-#pragma unroll
-          for (int cb = 0; cb < D / 64; ++cb) {
-            tma_load_3d(sk + cb * (64 * 64 * 2), &p.tma_k, cb * 64, slot, c.kvh, &s.full[stage]);
-            tma_load_3d(sv + cb * (64 * 64 * 2), &p.tma_v, cb * 64, slot, c.kvh, &s.full[stage]);
-          }
-        }
+        // Full tile in one run (past the record's tile table): by TMA, as above.
+        if (lane == 0) tma_full_tile(stage, static_cast<int>(slot0), c.kvh);
         if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
         return;
       }
