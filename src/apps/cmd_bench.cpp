@@ -87,12 +87,17 @@ void print_trace(const std::vector<uint64_t>& tr) {
                                               {cuda_detail::kTrProdQCy, "prod Q kcy"},
                                               {cuda_detail::kTrProdSearchCy, "prod search kcy"},
                                               {cuda_detail::kTrProdCopyCy, "prod copies kcy"},
-                                              {cuda_detail::kTrProdPublishCy, "prod publish kcy"}};
+                                              {cuda_detail::kTrProdPublishCy, "prod publish kcy"},
+                                              {cuda_detail::kTrProdTableCy, "table copies kcy"},
+                                              {cuda_detail::kTrProdTableTiles, "table tiles (count)"},
+                                              {cuda_detail::kTrProdTableMinCy, "table tile min kcy"},
+                                              {cuda_detail::kTrProdTableMaxCy, "table tile max kcy"},
+                                              {cuda_detail::kTrProdTableFirstCy, "table first kcy"}};
   for (const auto& [e, name] : sums) {
     std::vector<double> v;
     for (int c = 0; c < kCtas; ++c) {
       const uint64_t x = tr[static_cast<size_t>(c) * kEvents + e];
-      if (x != 0) v.push_back(e == cuda_detail::kTrConsTiles ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
+      if (x != 0) v.push_back(e == cuda_detail::kTrConsTiles || e == cuda_detail::kTrProdTableTiles ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
     }
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());

@@ -103,7 +103,7 @@ struct DeviceCounts {
 // Diagnostics (cuda/trace.cuh, builds with FT_TRACE only): trace[kind][cta][event] holds %globaltimer
 // stamps in ns, 0 = not reached; kinds and events below.
 inline constexpr int kTraceCtas = 2048;
-inline constexpr int kTraceEvents = 24;
+inline constexpr int kTraceEvents = 32;
 enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
 enum TraceTreeEvent {
   kTrStart = 0,        // producer: kernel entry
@@ -129,6 +129,12 @@ enum TraceTreeEvent {
   kTrProdCopyCy = 18,    // a tile's K/V copies after the search (TMA / cp.async issue)
   kTrProdPublishCy = 19, // publish (meta, arrivals) and the next record's gather
   kTrConsTileCy = 20,    // consumer warp 0: a tile from its full barrier to its release
+  // The copy step of tiles loaded from the record's tile table (expect_tx + TMA by lane 0), cycles:
+  kTrProdTableCy = 21,     // summed
+  kTrProdTableTiles = 22,  // how many (a count)
+  kTrProdTableMinCy = 23,  // the fastest one
+  kTrProdTableMaxCy = 24,  // the slowest one
+  kTrProdTableFirstCy = 25, // the CTA's first one
 };
 enum TraceMergeEvent { kTrMergeStart = 0, kTrMergeWaited = 1, kTrMergeEnd = 2 };
 

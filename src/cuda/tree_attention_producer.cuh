@@ -292,9 +292,12 @@ struct Producer {
     }
   }
 
-  // K and V rows of tile t (count tokens) of unit c into stage `stage`; rows in
-  // [count, round_up(count, 16)) are zeroed (all of [count, 64) for wgmma units, whose P V runs
-  // every k-step), rows beyond are never read.
+  // K and V rows of tile t (count tokens) of unit c into stage `stage`. V rows in
+  // [count, round_up(count, 16)) (all of [count, 64) for wgmma units, whose P V runs every k-step)
+  // are zeroed by plain shared stores, since P = 0 there must multiply finite values; K rows there
+  // keep whatever the stage held, as their scores are replaced by -inf with a select (a NaN
+  // included). Rows beyond are never read. (Zero-filling both by cp.async cost ~90 cycles per
+  // warp instruction on the 16/1 cells, ~4.5 kcycles per 16-token tile: PERF_NOTES session 14.)
   // mark: FT_TRACE builds stamp kTrFirstKvBegin / kTrFirstKvEnd around the copies.
   // tma_slot >= 0: the tile is kN tokens in one run starting at that slot (BlockRecord::tile_slot,
   // p.use_tma): lane 0 loads it by TMA with no run search.
@@ -367,11 +370,14 @@ struct Producer {
         for (int j = 0; j < kPer; ++j) {
           const int ps = p0 + j;
           if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
-            const bool valid = ps * kRpp + sub < count;  // invalid: zero-fill, source unread
-            const int64_t o = ps * kRpp * row_stride;
             const uint32_t so_ps = (p0 / kPer) * 8 * 64 * 2 + so[j];
-            cp_async_16(sk + so_ps, valid ? kp + o : kg, valid ? 16 : 0);
-            cp_async_16(sv + so_ps, valid ? vp + o : vg, valid ? 16 : 0);
+            if (ps * kRpp + sub < count) {
+              const int64_t o = ps * kRpp * row_stride;
+              cp_async_16_full(sk + so_ps, kp + o);
+              cp_async_16_full(sv + so_ps, vp + o);
+            } else {
+              st_shared_zero16(sv + so_ps);  // V only (issue_kv comment)
+            }
           }
         }
       }
@@ -418,11 +424,14 @@ struct Producer {
         if (ps * kRpp < fill && !((tmask >> ((ps * kRpp) >> 4)) & 1)) {
           const int row = ps * kRpp + sub;
           const int sl = __shfl_sync(kFullMask, ps * kRpp < 32 ? slot[0] : slot[1], row & 31);
-          const bool valid = row < count;
-          const int64_t off = valid ? static_cast<int64_t>(sl) * row_stride + col_off : 0;
           const uint32_t so_ps = (p0 / kPer) * 8 * 64 * 2 + so[j];
-          cp_async_16(sk + so_ps, kg + off, valid ? 16 : 0);
-          cp_async_16(sv + so_ps, vg + off, valid ? 16 : 0);
+          if (row < count) {
+            const int64_t off = static_cast<int64_t>(sl) * row_stride + col_off;
+            cp_async_16_full(sk + so_ps, kg + off);
+            cp_async_16_full(sv + so_ps, vg + off);
+          } else {
+            st_shared_zero16(sv + so_ps);  // V only (issue_kv comment)
+          }
         }
       }
     }
@@ -460,6 +469,7 @@ struct Producer {
 #if FT_TRACE
     uint64_t cy[5] = {0, 0, 0, 0, 0};  // record, Q, search, copies, publish (cycles)
     uint64_t c0 = 0, c1 = 0;
+    uint64_t tab_sum = 0, tab_n = 0, tab_min = ~0ull, tab_max = 0, tab_first = 0;  // table tiles' copy step
 #endif
     for (;;) {
       [[maybe_unused]] uint64_t tw = 0;
@@ -502,6 +512,14 @@ struct Producer {
       c1 = clock64();
       cy[2] += tr_search_end - c0;
       cy[3] += c1 - tr_search_end;
+      if (tma_slot >= 0) {
+        const uint64_t d = c1 - tr_search_end;
+        if (tab_n == 0) tab_first = d;
+        tab_sum += d;
+        ++tab_n;
+        tab_min = min(tab_min, d);
+        tab_max = max(tab_max, d);
+      }
       c0 = c1;
 #endif
       const int pt = t * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
@@ -545,6 +563,13 @@ struct Producer {
 #if FT_TRACE
 #pragma unroll
       for (int i = 0; i < 5; ++i) trace_put(p.trace, kTraceTree, kTrProdRecordCy + i, cy[i]);
+      if (tab_n > 0) {
+        trace_put(p.trace, kTraceTree, kTrProdTableCy, tab_sum);
+        trace_put(p.trace, kTraceTree, kTrProdTableTiles, tab_n);
+        trace_put(p.trace, kTraceTree, kTrProdTableMinCy, tab_min);
+        trace_put(p.trace, kTraceTree, kTrProdTableMaxCy, tab_max);
+        trace_put(p.trace, kTraceTree, kTrProdTableFirstCy, tab_first);
+      }
 #endif
       trace_mark(p.trace, kTraceTree, kTrProducerEnd);
     }
