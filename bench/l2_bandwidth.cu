@@ -11,7 +11,8 @@
 //
 // Built by CMake with the benchmarks (FASTTREE_BENCH, CUDA): build-gpu/l2_bandwidth.
 // Usage: l2_bandwidth [tma]   (prints one line per configuration: mode, buffer, CTAs/SM, stages,
-// chunk, TB/s; with "tma" only the tile-load modes, with their issue cycles per stage)
+// chunk, TB/s; with "tma" only the tile-load modes (TMA, bulk, cp.async), with their issue cycles
+// per stage)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -61,11 +62,12 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
-// Thread 0 initializes the ring's full / empty mbarriers (one arrival each); then a CTA barrier.
-__device__ void ring_init(uint64_t* full, uint64_t* empty, int stages) {
+// Thread 0 initializes the ring's full / empty mbarriers (full_arrivals / one arrival); then a CTA
+// barrier.
+__device__ void ring_init(uint64_t* full, uint64_t* empty, int stages, int full_arrivals = 1) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
-      bar_init(&full[s], 1);
+      bar_init(&full[s], full_arrivals);
       bar_init(&empty[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -122,9 +124,12 @@ __global__ void bulk_kernel(const char* buf, size_t buf_bytes, int chunk, int st
 }
 
 // Each stage is one 64-row K/V tile of a [rows][128] fp16 tensor: K = rows [r, r + 64), V = rows
-// [r + rows / 2, +64), each as two 64-column boxes (tensor = 1) or as two 8 KB bulk copies of the
-// same bytes, unswizzled (tensor = 0). The consumer warp holds each stage hold_ns before releasing
-// it. issue[blockIdx.x] = the producer's clock64 cycles in expect_tx + copies, summed over stages.
+// [r + rows / 2, +64), each as two 64-column boxes (tensor = 1), as two 8 KB bulk copies of the
+// same bytes, unswizzled (tensor = 0), or by the whole producer warp as 16-byte cp.async, 64 per
+// lane, the tree kernel's path for tiles that TMA cannot load (tensor = 2; each lane then arrives
+// once on the full barrier when its copies land). The consumer warp holds each stage hold_ns before
+// releasing it. issue[blockIdx.x] = the producer's (lane 0's) clock64 cycles in expect_tx + copies,
+// summed over stages.
 __global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char* buf, int rows, int tensor, int stages,
                             int iters, int hold_ns, unsigned long long* issue, int* sink) {
   extern __shared__ __align__(1024) unsigned char sm[];
@@ -132,9 +137,31 @@ __global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char*
   uint64_t* empty = full + 8;
   unsigned char* ring = sm + 1024;
   constexpr int kStage = 32768;
-  ring_init(full, empty, stages);
+  ring_init(full, empty, stages, tensor == 2 ? 32 : 1);
   const int tiles = rows / 2 / 64;  // a power of two
-  if (threadIdx.x == 32) {  // producer
+  if (tensor == 2 && threadIdx.x >= 32) {  // producer warp, cp.async
+    const int lane = threadIdx.x - 32;
+    unsigned long long cyc = 0;
+    for (int i = 0; i < iters; ++i) {
+      const int s = i % stages;
+      if (i >= stages) bar_wait(&empty[s], ((i / stages) - 1) & 1);
+      const int r = ((blockIdx.x * 7919 + i * gridDim.x) & (tiles - 1)) * 64;
+      const uint32_t dst = saddr(ring + static_cast<size_t>(s) * kStage);
+      const unsigned long long t0 = clock64();
+      for (int h = 0; h < 2; ++h) {
+        const char* src = buf + static_cast<size_t>(r + h * (rows / 2)) * 256 + lane * 16;
+#pragma unroll 8
+        for (int j = 0; j < 32; ++j)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + h * 16384 + j * 512 + lane * 16),
+                       "l"(src + j * 512)
+                       : "memory");
+      }
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(&full[s])) : "memory");
+      cyc += clock64() - t0;
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    if (lane == 0) issue[blockIdx.x] = cyc;
+  } else if (threadIdx.x == 32) {  // producer
     unsigned long long cyc = 0;
     for (int i = 0; i < iters; ++i) {
       const int s = i % stages;
@@ -238,7 +265,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
       return 1;
     }
-    for (int tensor : {1, 0}) {
+    for (int tensor : {1, 0, 2}) {
       for (int cps : {1, 2}) {
         for (int stages : {2, 3, 4}) {
           for (int hold : {0, 500, 1000}) {
@@ -251,7 +278,7 @@ int main(int argc, char** argv) {
             CK(cudaMemcpy(cyc.data(), issue, sizeof(unsigned long long) * grid, cudaMemcpyDeviceToHost));
             std::sort(cyc.begin(), cyc.end());
             const double tot = double(grid) * iters * 32768;
-            std::printf("%s,%zu,%d,%d,%d,%.1f,%.2f,%.0f\n", tensor ? "tma" : "bulk8k", buf_mb, cps, stages, hold, ms * 1e3,
+            std::printf("%s,%zu,%d,%d,%d,%.1f,%.2f,%.0f\n", tensor == 2 ? "cp.async" : tensor ? "tma" : "bulk8k", buf_mb, cps, stages, hold, ms * 1e3,
                         tot / (ms * 1e-3) / 1e12, double(cyc[grid / 2]) / iters);
           }
         }

@@ -552,21 +552,27 @@ TEST(CudaAttention, MergeKernelChoice) {
   EXPECT_FALSE(prefer_wide_merge(100, 1000, 10, 0, 128));
 }
 
-// CPU-only: BlockRecord::tile_slot against a token -> (slot, run) map built independently: a tile
-// gets a slot only when it is full and all its tokens sit on consecutive slots of one run (so the
-// producer's TMA box is exactly the tile), every full one-run tile among the first kRecordTiles gets
-// one, and nothing beyond kv_len, past kRecordTiles or past int32 slots does.
+// CPU-only: the tile table (BlockRecord::tile_slot / tile_box) against a token -> (slot, run) map
+// built independently. A full tile whose tokens sit on consecutive slots of one run gets its first
+// slot (the producer's 64-row TMA box is exactly the tile); otherwise, for the first
+// kRecordBoxTiles such tiles in order, a tile whose every 8-row unit lies in one run gets a box
+// entry holding each unit's first slot (-1 past the count); everything else, and anything beyond
+// kv_len, past kRecordTiles or past int32 slots, gets -1.
 TEST(CudaAttention, TileSlotsFromRuns) {
   using cuda_detail::BlockRecord;
   using cuda_detail::DeviceRun;
+  constexpr int kN = cuda_detail::kKvTile;
   std::mt19937 rng(7);
-  for (int trial = 0; trial < 200; ++trial) {
+  int boxed_tiles = 0, short_units = 0;
+  for (int trial = 0; trial < 300; ++trial) {
     std::vector<DeviceRun> runs;
     std::vector<int64_t> tok_slot, tok_run;
     const int64_t base = trial % 10 == 9 ? int64_t{INT32_MAX} - 3000 : int64_t(rng() % 100000);
     int64_t slot = base;
     while (tok_slot.size() < 3000) {
-      const int len = trial % 3 == 0 ? 1 + int(rng() % 20) : 1 + int(rng() % 300);
+      const int len = trial % 3 == 0   ? 1 + int(rng() % 20)
+                      : trial % 3 == 1 ? 8 * (1 + int(rng() % 12)) - (rng() % 8 == 0 ? int(rng() % 8) : 0)
+                                       : 1 + int(rng() % 300);
       if (rng() % 4 != 0) slot += 1 + rng() % 5000;  // else the run continues the previous one's slots
       runs.push_back(DeviceRun{slot, static_cast<int32_t>(tok_slot.size()), len});
       for (int i = 0; i < len; ++i) {
@@ -577,20 +583,47 @@ TEST(CudaAttention, TileSlotsFromRuns) {
     }
     const int ntok = static_cast<int>(tok_slot.size());
     BlockRecord rec{};
-    rec.desc.kv_begin = static_cast<int32_t>(rng() % 500);
+    rec.desc.kv_begin = static_cast<int32_t>(trial % 3 == 1 ? 8 * (rng() % 60) : rng() % 500);
     rec.desc.kv_len = 1 + static_cast<int32_t>(rng() % (ntok - rec.desc.kv_begin));
     std::fill(rec.tile_slot, rec.tile_slot + cuda_detail::kRecordTiles, 12345);  // stale record memory
+    std::fill(&rec.tile_box[0][0], &rec.tile_box[0][0] + sizeof(rec.tile_box) / 4, 12345);
     const DeviceRun* rb = runs.data() + tok_run[rec.desc.kv_begin];
     cuda_detail::fill_tile_slots(rec, rb, runs.data() + runs.size());
+    // Tokens [a, b) on consecutive slots of one run, from a slot TMA can address.
+    auto one_run = [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i)
+        if (tok_run[i] != tok_run[a] || tok_slot[i] != tok_slot[a] + (i - a)) return false;
+      return tok_slot[a] + kN <= INT32_MAX;
+    };
+    int entries = 0;
     for (int t = 0; t < cuda_detail::kRecordTiles; ++t) {
-      const int64_t first = rec.desc.kv_begin + int64_t{t} * cuda_detail::kKvTile;
-      bool one_run = (t + 1) * cuda_detail::kKvTile <= rec.desc.kv_len;
-      for (int i = 0; one_run && i < cuda_detail::kKvTile; ++i)
-        one_run = tok_run[first + i] == tok_run[first] && tok_slot[first + i] == tok_slot[first] + i;
-      const bool fits = one_run && tok_slot[first] + cuda_detail::kKvTile <= INT32_MAX;
-      EXPECT_EQ(rec.tile_slot[t], fits ? tok_slot[first] : -1) << "trial " << trial << " tile " << t;
+      const int64_t off = int64_t{t} * kN, first = rec.desc.kv_begin + off;
+      const std::string where = "trial " + std::to_string(trial) + " tile " + std::to_string(t);
+      if (off >= rec.desc.kv_len) {
+        EXPECT_EQ(rec.tile_slot[t], -1) << where;
+        continue;
+      }
+      const int count = static_cast<int>(std::min<int64_t>(kN, rec.desc.kv_len - off));
+      if (count == kN && one_run(first, first + kN)) {
+        EXPECT_EQ(rec.tile_slot[t], tok_slot[first]) << where;
+        continue;
+      }
+      bool units = entries < cuda_detail::kRecordBoxTiles;
+      for (int u = 0; units && 8 * u < count; ++u) units = one_run(first + 8 * u, first + std::min(8 * u + 8, count));
+      if (!units) {
+        EXPECT_EQ(rec.tile_slot[t], -1) << where;
+        continue;
+      }
+      ASSERT_EQ(rec.tile_slot[t], -2 - entries) << where;
+      for (int u = 0; u < kN / 8; ++u)
+        EXPECT_EQ(rec.tile_box[entries][u], 8 * u < count ? tok_slot[first + 8 * u] : -1) << where << " unit " << u;
+      ++entries;
+      ++boxed_tiles;
+      short_units += count % 8 != 0;
     }
   }
+  EXPECT_GT(boxed_tiles, 100);  // the layouts above do exercise the box entries, short last units included
+  EXPECT_GT(short_units, 10);
 }
 
 // CPU-only: the per-request plan is a valid plan (validate_plan) and the CPU executor runs it exactly.

@@ -92,12 +92,25 @@ void print_trace(const std::vector<uint64_t>& tr) {
                                               {cuda_detail::kTrProdTableTiles, "table tiles (count)"},
                                               {cuda_detail::kTrProdTableMinCy, "table tile min kcy"},
                                               {cuda_detail::kTrProdTableMaxCy, "table tile max kcy"},
-                                              {cuda_detail::kTrProdTableFirstCy, "table first kcy"}};
+                                              {cuda_detail::kTrProdTableFirstCy, "table first kcy"},
+                                              {cuda_detail::kTrProdPastCy, "past-table copies kcy"},
+                                              {cuda_detail::kTrProdPastN, "past-table tiles (count)"},
+                                              {cuda_detail::kTrProdPartialCy, "partial copies kcy"},
+                                              {cuda_detail::kTrProdPartialN, "partial tiles (count)"},
+                                              {cuda_detail::kTrProdSlowCy, "cross-run copies kcy"},
+                                              {cuda_detail::kTrProdSlowN, "cross-run tiles (count)"},
+                                              {cuda_detail::kTrProdPartialMinCy, "partial tile min kcy"},
+                                              {cuda_detail::kTrProdSlowMinCy, "cross-run tile min kcy"},
+                                              {cuda_detail::kTrProdQRowsCy, "Q row tables kcy"},
+                                              {cuda_detail::kTrProdBoxCy, "box-table copies kcy"},
+                                              {cuda_detail::kTrProdBoxN, "box-table tiles (count)"},
+                                              {cuda_detail::kTrProdBoxMinCy, "box-table tile min kcy"}};
   for (const auto& [e, name] : sums) {
     std::vector<double> v;
     for (int c = 0; c < kCtas; ++c) {
       const uint64_t x = tr[static_cast<size_t>(c) * kEvents + e];
-      if (x != 0) v.push_back(e == cuda_detail::kTrConsTiles || e == cuda_detail::kTrProdTableTiles ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
+      if (x != 0) v.push_back(e == cuda_detail::kTrConsTiles || e == cuda_detail::kTrProdTableTiles || e == cuda_detail::kTrProdPastN ||
+                           e == cuda_detail::kTrProdPartialN || e == cuda_detail::kTrProdSlowN || e == cuda_detail::kTrProdBoxN ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
     }
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());

@@ -64,11 +64,18 @@ static_assert(sizeof(DeviceRun) == 16);
 // query (row0 + r) / g of the item's tile), and the private-region ends of its queries. Unused
 // entries are zero. A block with private pieces has its own run list: the chunk's runs (context
 // tokens [kv_begin, kv_begin + shared_len)) followed by its pieces' runs at
-// [kv_begin + shared_len, kv_begin + kv_len), query by query. tile_slot[t] (t < kRecordTiles) is
-// the slot of tile t's first token when the tile is kKvTile tokens inside one run (the producer's
-// TMA path, computed at upload so that the kernel skips the run search), else -1.
+// [kv_begin + shared_len, kv_begin + kv_len), query by query. The tile table (computed at upload,
+// so that the producer skips the run search and copies by TMA; the two arrays are the record's
+// last fields) describes tile t < kRecordTiles (tokens [kv_begin + 64 t, + min(64, kv_len - 64 t))):
+//   tile_slot[t] >= 0   the tile is kKvTile tokens inside one run, from that slot (one TMA box);
+//   tile_slot[t] <= -2  tile_box[-2 - tile_slot[t]][u] is the slot of the tile's row 8 u for each
+//                       8-row unit u < ceil(count / 8), each unit inside one run (TMA boxes of 8
+//                       or 16 rows; a last unit of fewer than 8 rows by cp.async);
+//   tile_slot[t] == -1  none of these (the producer searches the runs).
+// Slots in the table are below INT32_MAX - 64 (TMA coordinates are int32).
 inline constexpr int kRecordRuns = 32;
 inline constexpr int kRecordTiles = 32;
+inline constexpr int kRecordBoxTiles = 8;  // tiles per record described by 8-row units
 inline constexpr int kMaxPrivateTokens = 0x7fff;
 struct BlockRecord {
   BlockDesc desc;
@@ -78,14 +85,16 @@ struct BlockRecord {
   // [j > 0 ? priv_end[j - 1] : 0, priv_end[j]) (counted from shared_len); all zero without pieces.
   uint16_t priv_end[kMaxBlockRows];
   int32_t tile_slot[kRecordTiles];
+  int32_t tile_box[kRecordBoxTiles][kKvTile / 8];
 };
 inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
 // Records each CTA gathers before it knows the unit count (TreeKernelConfig::kLook <= this): the
 // record array has at least kMaxRecordLook x grid entries.
 inline constexpr int kMaxRecordLook = 5;
-static_assert(kRecordBytes == 1824 && kRecordBytes % 16 == 0);
-// The kernel's record slots may drop the tile table's tail (TreeKernelConfig::kRecSlotBytes): it is last.
-static_assert(offsetof(BlockRecord, tile_slot) + sizeof(BlockRecord::tile_slot) == sizeof(BlockRecord));
+static_assert(kRecordBytes == 2080 && kRecordBytes % 16 == 0);
+// The kernel's record slots may drop the tile table (TreeKernelConfig::kRecSlotBytes): it is last.
+inline constexpr int kRecordTableBytes = static_cast<int>(sizeof(BlockRecord::tile_slot) + sizeof(BlockRecord::tile_box));
+static_assert(offsetof(BlockRecord, tile_slot) + kRecordTableBytes == sizeof(BlockRecord));
 
 // Counts read by the kernels from device memory, so that a captured graph stays valid when a new
 // plan is uploaded into the same buffers.
@@ -103,7 +112,7 @@ struct DeviceCounts {
 // Diagnostics (cuda/trace.cuh, builds with FT_TRACE only): trace[kind][cta][event] holds %globaltimer
 // stamps in ns, 0 = not reached; kinds and events below.
 inline constexpr int kTraceCtas = 2048;
-inline constexpr int kTraceEvents = 32;
+inline constexpr int kTraceEvents = 40;
 enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
 enum TraceTreeEvent {
   kTrStart = 0,        // producer: kernel entry
@@ -135,6 +144,19 @@ enum TraceTreeEvent {
   kTrProdTableMinCy = 23,  // the fastest one
   kTrProdTableMaxCy = 24,  // the slowest one
   kTrProdTableFirstCy = 25, // the CTA's first one
+  // The copy step (after the window search) of the other tiles, by path, cycles and counts:
+  kTrProdPartialCy = 26,  // a partial tile inside one run (16-row TMA chunks, cp.async, zero rows)
+  kTrProdPartialN = 27,
+  kTrProdSlowCy = 28,     // a tile across runs (per-row slot search, chunks, cp.async)
+  kTrProdSlowN = 29,
+  kTrProdPastCy = 30,     // a full one-run tile past the record's tile table (TMA)
+  kTrProdPastN = 31,
+  kTrProdPartialMinCy = 32,  // the fastest partial tile's copy step
+  kTrProdSlowMinCy = 33,     // the fastest cross-run tile's copy step
+  kTrProdQRowsCy = 34,       // issue_q's row tables (summed), the rest of kTrProdQCy is its copies
+  kTrProdBoxCy = 35,         // tiles of 8-row units from the record's tile table (tile_box)
+  kTrProdBoxN = 36,
+  kTrProdBoxMinCy = 37,
 };
 enum TraceMergeEvent { kTrMergeStart = 0, kTrMergeWaited = 1, kTrMergeEnd = 2 };
 
@@ -152,10 +174,13 @@ struct TreeAttnParams {
   // D / 32 TMA copies instead of cp.async. use_tma = 0: cp.async only (no descriptors).
   TmaDesc tma_k;
   TmaDesc tma_v;
-  // The same pools with 64-column x 16-slot boxes: the 16-row chunks of other tiles (partial, or
-  // over several runs) whose slots are consecutive.
+  // The same pools with 64-column x 16-slot and x 8-slot boxes: the 16-row chunks of other tiles
+  // (partial, or over several runs) whose slots are consecutive, and the 8-row units of tiles in
+  // the record's tile table.
   TmaDesc tma_k16;
   TmaDesc tma_v16;
+  TmaDesc tma_k8;
+  TmaDesc tma_v8;
   int use_tma;
 
   const void* q;

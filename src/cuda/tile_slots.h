@@ -1,5 +1,5 @@
-// BlockRecord::tile_slot (device_plan.h) from a block's runs. Host code only (no CUDA header), so
-// that it is unit-tested on machines without a GPU.
+// The tile table of a BlockRecord (device_plan.h: tile_slot, tile_box) from a block's runs. Host
+// code only (no CUDA header), so that it is unit-tested on machines without a GPU.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -8,20 +8,60 @@
 
 namespace fasttree::cuda_detail {
 
-// Fills rec.tile_slot from the block's segment runs [rb, re) (sorted by token_begin; rb holds token
-// rec.desc.kv_begin): tile t = tokens [kv_begin + t kKvTile, + kKvTile) gets its first slot when the
-// tile is full (inside kv_len) and lies in one run, else -1 (a partial tile, a tile across runs, or
-// a slot range beyond int32, which the TMA coordinates cannot hold).
+// Fills rec.tile_slot / rec.tile_box from the block's segment runs [rb, re) (sorted by token_begin;
+// rb holds token rec.desc.kv_begin). Tile t = tokens [kv_begin + 64 t, + count), count = min(64,
+// kv_len - 64 t):
+//   - a full tile inside one run gets its first slot;
+//   - else, while box entries are left, a tile whose every 8-row unit (rows [8 u, min(8 u + 8,
+//     count))) lies inside one run gets entry e: tile_slot[t] = -2 - e, tile_box[e][u] = the slot
+//     of row 8 u (units past the count: -1);
+//   - else -1 (also for slots that TMA's int32 coordinates cannot hold).
 inline void fill_tile_slots(BlockRecord& rec, const DeviceRun* rb, const DeviceRun* re) {
+  constexpr int kUnits = kKvTile / 8;
+  constexpr int64_t kMaxSlot = INT32_MAX - kKvTile;
   std::fill(rec.tile_slot, rec.tile_slot + kRecordTiles, int32_t{-1});
+  std::fill(&rec.tile_box[0][0], &rec.tile_box[0][0] + kRecordBoxTiles * kUnits, int32_t{-1});
   const DeviceRun* r = rb;
-  for (int t = 0; t < kRecordTiles && r < re; ++t) {
-    if (static_cast<int64_t>(t + 1) * kKvTile > rec.desc.kv_len) break;  // this tile and the later ones are not full
-    const int64_t first = static_cast<int64_t>(rec.desc.kv_begin) + static_cast<int64_t>(t) * kKvTile;
-    while (r + 1 < re && r[1].token_begin <= first) ++r;
-    if (r->token_begin > first || first + kKvTile > static_cast<int64_t>(r->token_begin) + r->len) continue;
-    const int64_t slot = r->slot + (first - r->token_begin);
-    if (slot >= 0 && slot + kKvTile <= INT32_MAX) rec.tile_slot[t] = static_cast<int32_t>(slot);
+  // Slot of token tok when tokens [tok, end) lie in one run, else -1 (r only moves forward: tokens
+  // are asked for in increasing order).
+  auto slot_of = [&](int64_t tok, int64_t end) -> int64_t {
+    while (r + 1 < re && r[1].token_begin <= tok) ++r;
+    if (r >= re || r->token_begin > tok || end > static_cast<int64_t>(r->token_begin) + r->len) return -1;
+    const int64_t slot = r->slot + (tok - r->token_begin);
+    return slot >= 0 && slot <= kMaxSlot ? slot : -1;
+  };
+  int boxes = 0;
+  for (int t = 0; t < kRecordTiles && rb < re; ++t) {
+    const int64_t off = static_cast<int64_t>(t) * kKvTile;
+    if (off >= rec.desc.kv_len) break;
+    const int count = static_cast<int>(std::min<int64_t>(kKvTile, rec.desc.kv_len - off));
+    const int64_t first = static_cast<int64_t>(rec.desc.kv_begin) + off;
+    if (count == kKvTile) {
+      const DeviceRun* keep = r;
+      const int64_t slot = slot_of(first, first + kKvTile);
+      if (slot >= 0) {
+        rec.tile_slot[t] = static_cast<int32_t>(slot);
+        continue;
+      }
+      r = keep;  // the units below start at the same token
+    }
+    if (boxes == kRecordBoxTiles) continue;
+    int32_t unit_slot[kUnits];
+    bool ok = true;
+    for (int u = 0; u < kUnits; ++u) {
+      unit_slot[u] = -1;
+      if (8 * u >= count) continue;
+      const int64_t slot = slot_of(first + 8 * u, first + std::min(8 * u + 8, count));
+      if (slot < 0) {
+        ok = false;
+        break;
+      }
+      unit_slot[u] = static_cast<int32_t>(slot);
+    }
+    if (!ok) continue;
+    std::copy(unit_slot, unit_slot + kUnits, rec.tile_box[boxes]);
+    rec.tile_slot[t] = -2 - boxes;
+    ++boxes;
   }
 }
 

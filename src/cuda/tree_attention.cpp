@@ -98,7 +98,7 @@ struct CudaTreeAttention::Impl {
   mutable const void* tma_k_base = nullptr;
   mutable const void* tma_v_base = nullptr;
   mutable bool tma_ok = false;
-  mutable TmaDesc tma_k{}, tma_v{}, tma_k16{}, tma_v16{};
+  mutable TmaDesc tma_k{}, tma_v{}, tma_k16{}, tma_v16{}, tma_k8{}, tma_v8{};
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
 
@@ -634,7 +634,9 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
         m.tma_ok = encode_kv_tma(m.tma_k, k, bf16, d, hkv, slots, rs, hs, 64) &&
                    encode_kv_tma(m.tma_v, v, bf16, d, hkv, slots, rs, hs, 64) &&
                    encode_kv_tma(m.tma_k16, k, bf16, d, hkv, slots, rs, hs, 16) &&
-                   encode_kv_tma(m.tma_v16, v, bf16, d, hkv, slots, rs, hs, 16);
+                   encode_kv_tma(m.tma_v16, v, bf16, d, hkv, slots, rs, hs, 16) &&
+                   encode_kv_tma(m.tma_k8, k, bf16, d, hkv, slots, rs, hs, 8) &&
+                   encode_kv_tma(m.tma_v8, v, bf16, d, hkv, slots, rs, hs, 8);
         m.tma_k_base = k;
         m.tma_v_base = v;
       }
@@ -643,6 +645,8 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
         p.tma_v = m.tma_v;
         p.tma_k16 = m.tma_k16;
         p.tma_v16 = m.tma_v16;
+        p.tma_k8 = m.tma_k8;
+        p.tma_v8 = m.tma_v8;
         p.use_tma = 1;
       }
     }

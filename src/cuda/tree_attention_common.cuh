@@ -32,10 +32,10 @@ struct TreeKernelConfig {
   static constexpr int kLook = kStages + 1;
   static constexpr int kRecSlots = kStages + 2;
   static_assert(kLook <= kMaxRecordLook);
-  // A record slot holds the BlockRecord up to its tile table's first kRecTiles entries (tile_slot is
-  // the record's last field): d = 64 keeps none (its 4-stage ring leaves no room at 2 CTAs per SM).
+  // A record slot holds the whole BlockRecord, or at d = 64 the record without its tile table (the
+  // record's last fields: its 4-stage ring leaves no room at 2 CTAs per SM).
   static constexpr int kRecTiles = D >= 128 ? kRecordTiles : 0;
-  static constexpr int kRecSlotBytes = kRecordBytes - (kRecordTiles - kRecTiles) * 4;
+  static constexpr int kRecSlotBytes = kRecTiles > 0 ? kRecordBytes : kRecordBytes - kRecordTableBytes;
   static_assert(kRecSlotBytes % 16 == 0);
   static constexpr int kConsumerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + 32;

@@ -56,6 +56,8 @@ __global__ void __launch_bounds__(TreeKernelConfig<D, kDeep>::kThreads, TreeKern
       tma_prefetch_desc(&p.tma_v);
       tma_prefetch_desc(&p.tma_k16);
       tma_prefetch_desc(&p.tma_v16);
+      tma_prefetch_desc(&p.tma_k8);
+      tma_prefetch_desc(&p.tma_v8);
     }
     Producer<T, D, kDeep> prod(p, s, lane);
     prod.prologue();

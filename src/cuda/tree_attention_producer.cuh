@@ -75,6 +75,8 @@ struct Producer {
   // clock64 when issue_kv's slot search ended (its split into search and copies); trace builds only,
   // so that the production kernel's code does not change.
   mutable uint64_t tr_search_end = 0;
+  mutable int tr_path = 0;  // issue_kv's path: 0 table tile, 1 full one-run past the table, 2 partial one-run, 3 across runs, 4 boxes
+  mutable uint64_t tr_q_rows = 0;  // issue_q's row-table part, summed (cycles)
 #endif
 
   __device__ Producer(const TreeAttnParams& params, const SmemLayout& smem, int lane_id)
@@ -217,6 +219,9 @@ struct Producer {
     constexpr int kTab = Cfg::kStages * Cfg::kM;  // distance between two tables
     int64_t qoff[2];
     bool partial = false;
+#if FT_TRACE
+    const uint64_t tr_q0 = clock64();
+#endif
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = lane + 32 * j;
@@ -234,6 +239,9 @@ struct Producer {
         partial |= c.dst[j] < 0;
       }
     }
+#if FT_TRACE
+    tr_q_rows += clock64() - tr_q0;
+#endif
     if constexpr (Cfg::kQGlobal) {
       // The consumers read Q from global memory: pull the rows into L2 now (2 lines of 128 bytes
       // per row at d = 128).
@@ -292,6 +300,54 @@ struct Producer {
     }
   }
 
+  // A tile of the record's tile table described by 8-row units (BlockRecord::tile_box row `us`):
+  // lane 0 raises the full barrier's expected bytes and loads the full units by TMA, two
+  // consecutive units on consecutive slots as one 16-row box; all lanes copy a last unit of fewer
+  // than 8 rows by cp.async and zero the V rows [count, fill) (issue_kv's comment).
+  __device__ void issue_boxes(int count, int fill, int stage, int kvh, const int* us) const {
+    const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
+    const uint32_t sv = sk + kN * D * 2;
+    const int full8 = count >> 3;  // full 8-row units
+    if (lane == 0 && full8 > 0) {
+      mbar_expect_tx(&s.full[stage], static_cast<uint32_t>(full8) * 2u * 8u * D * sizeof(T));
+      for (int u = 0; u < full8;) {
+        const int slot = us[u];
+        const bool pair = u + 1 < full8 && us[u + 1] == slot + 8;
+        const void* mk = pair ? &p.tma_k16 : &p.tma_k8;
+        const void* mv = pair ? &p.tma_v16 : &p.tma_v8;
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb) {
+          const uint32_t off = cb * (64 * 64 * 2) + u * 8 * 128;  // rows 8 u.. of the 64-column block
+          tma_load_3d(sk + off, mk, cb * 64, slot, kvh, &s.full[stage]);
+          tma_load_3d(sv + off, mv, cb * 64, slot, kvh, &s.full[stage]);
+        }
+        u += pair ? 2 : 1;
+      }
+    }
+    if (count == fill) return;  // neither a short last unit nor rows to zero
+    const T* kg = static_cast<const T*>(p.k);
+    const T* vg = static_cast<const T*>(p.v);
+    const int r8 = full8 * 8;  // rows [r8, count) by cp.async from slot us[full8]
+    const int64_t tail_off = r8 < count ? static_cast<int64_t>(us[full8]) * p.kv_row_stride +
+                                              static_cast<int64_t>(kvh) * p.kv_head_stride + chunk * 8
+                                        : 0;
+#pragma unroll 1
+    for (int p0 = (r8 / kRpp) & ~(kPer - 1); p0 < kPasses; p0 += kPer) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int row = (p0 + j) * kRpp + sub;
+        const uint32_t so_ps = (p0 / kPer) * 8 * 64 * 2 + so[j];
+        if (row >= r8 && row < count) {
+          const int64_t o = tail_off + (row - r8) * p.kv_row_stride;
+          cp_async_16_full(sk + so_ps, kg + o);
+          cp_async_16_full(sv + so_ps, vg + o);
+        } else if (row >= count && row < fill) {
+          st_shared_zero16(sv + so_ps);
+        }
+      }
+    }
+  }
+
   // K and V rows of tile t (count tokens) of unit c into stage `stage`. V rows in
   // [count, round_up(count, 16)) (all of [count, 64) for wgmma units, whose P V runs every k-step)
   // are zeroed by plain shared stores, since P = 0 there must multiply finite values; K rows there
@@ -299,16 +355,30 @@ struct Producer {
   // included). Rows beyond are never read. (Zero-filling both by cp.async cost ~90 cycles per
   // warp instruction on the 16/1 cells, ~4.5 kcycles per 16-token tile: PERF_NOTES session 14.)
   // mark: FT_TRACE builds stamp kTrFirstKvBegin / kTrFirstKvEnd around the copies.
-  // tma_slot >= 0: the tile is kN tokens in one run starting at that slot (BlockRecord::tile_slot,
-  // p.use_tma): lane 0 loads it by TMA with no run search.
-  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage, int tma_slot, bool mark = false) const {
+  // tma_slot (BlockRecord::tile_slot[t], p.use_tma; else -1) >= 0: the tile is kN tokens in one run
+  // starting at that slot: lane 0 loads it by TMA with no run search; <= -2: its 8-row units are in
+  // row -2 - tma_slot of tile_box (issue_boxes).
+  __device__ void issue_kv(UnitCtx& c, int t, int count, int stage, int tma_slot, const int* tile_box,
+                           bool mark = false) const {
     const T* kg = static_cast<const T*>(p.k);
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
     const uint32_t sv = sk + kN * D * 2;
+    const int fill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : (count + 15) & ~15;
+    if (tma_slot <= -2) {
+#if FT_TRACE
+      tr_search_end = clock64();
+      tr_path = 4;
+#endif
+      if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
+      issue_boxes(count, fill, stage, c.kvh, tile_box + (-2 - tma_slot) * (kN / 8));
+      if (mark && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstKvEnd);
+      return;
+    }
     if (tma_slot >= 0) {
 #if FT_TRACE
       tr_search_end = clock64();
+      tr_path = 0;
 #endif
       if (lane == 0) {
         if (mark) trace_mark(p.trace, kTraceTree, kTrFirstKvBegin);
@@ -320,11 +390,13 @@ struct Producer {
     const int64_t row_stride = p.kv_row_stride;  // elements between slots
     const int64_t col_off = static_cast<int64_t>(c.kvh) * p.kv_head_stride + chunk * 8;
     const int base = c.d.kv_begin + t * kN;
-    const int fill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : (count + 15) & ~15;
     ensure_window(c, base);
     const int k0 = window_search(c, base);  // same for every lane
 #if FT_TRACE
     tr_search_end = clock64();
+#endif
+#if FT_TRACE
+    tr_path = count == kN ? 1 : 2;
 #endif
     if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
       // Fast path: one run; row r is slot slot0 + r.
@@ -385,6 +457,9 @@ struct Producer {
       return;
     }
     // Slow path: slots of rows lane (slot[0]) and lane + 32 (slot[1]).
+#if FT_TRACE
+    tr_path = 3;
+#endif
     int slot[2] = {0, 0};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -470,6 +545,8 @@ struct Producer {
     uint64_t cy[5] = {0, 0, 0, 0, 0};  // record, Q, search, copies, publish (cycles)
     uint64_t c0 = 0, c1 = 0;
     uint64_t tab_sum = 0, tab_n = 0, tab_min = ~0ull, tab_max = 0, tab_first = 0;  // table tiles' copy step
+    uint64_t path_cy[5] = {0, 0, 0, 0, 0}, path_n[5] = {0, 0, 0, 0, 0};  // the copy step by issue_kv path
+    uint64_t path_min[5] = {~0ull, ~0ull, ~0ull, ~0ull, ~0ull};
 #endif
     for (;;) {
       [[maybe_unused]] uint64_t tw = 0;
@@ -507,11 +584,14 @@ struct Producer {
       cy[1] += c1 - c0;
       c0 = c1;
 #endif
-      issue_kv(a, t, count, stage, tma_slot, FT_TRACE && seq == 0 && t == 0);
+      issue_kv(a, t, count, stage, tma_slot, tile_slots + kRecordTiles, FT_TRACE && seq == 0 && t == 0);
 #if FT_TRACE
       c1 = clock64();
       cy[2] += tr_search_end - c0;
       cy[3] += c1 - tr_search_end;
+      path_cy[tr_path] += c1 - tr_search_end;
+      ++path_n[tr_path];
+      path_min[tr_path] = min(path_min[tr_path], c1 - tr_search_end);
       if (tma_slot >= 0) {
         const uint64_t d = c1 - tr_search_end;
         if (tab_n == 0) tab_first = d;
@@ -569,6 +649,19 @@ struct Producer {
         trace_put(p.trace, kTraceTree, kTrProdTableMinCy, tab_min);
         trace_put(p.trace, kTraceTree, kTrProdTableMaxCy, tab_max);
         trace_put(p.trace, kTraceTree, kTrProdTableFirstCy, tab_first);
+      }
+      trace_put(p.trace, kTraceTree, kTrProdQRowsCy, tr_q_rows);
+      for (int i = 1; i < 4; ++i) {
+        if (path_n[i] > 0) {
+          trace_put(p.trace, kTraceTree, i == 1 ? kTrProdPastCy : i == 2 ? kTrProdPartialCy : kTrProdSlowCy, path_cy[i]);
+          trace_put(p.trace, kTraceTree, i == 1 ? kTrProdPastN : i == 2 ? kTrProdPartialN : kTrProdSlowN, path_n[i]);
+          if (i > 1) trace_put(p.trace, kTraceTree, i == 2 ? kTrProdPartialMinCy : kTrProdSlowMinCy, path_min[i]);
+        }
+      }
+      if (path_n[4] > 0) {
+        trace_put(p.trace, kTraceTree, kTrProdBoxCy, path_cy[4]);
+        trace_put(p.trace, kTraceTree, kTrProdBoxN, path_n[4]);
+        trace_put(p.trace, kTraceTree, kTrProdBoxMinCy, path_min[4]);
       }
 #endif
       trace_mark(p.trace, kTraceTree, kTrProducerEnd);
