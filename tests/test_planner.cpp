@@ -330,6 +330,9 @@ TEST(Planner, MidTileClassAtGqa4) {
   cfg.narrow_max_path = 0;
   Plan plan;
   Planner(cfg).build(t, AttnShape{32, 8, 128}, plan);
+  EXPECT_EQ(plan.num_tile_classes, 2);  // off by default
+  cfg.mid_class_rows = 32;
+  Planner(cfg).build(t, AttnShape{32, 8, 128}, plan);
   validate_plan(plan, t);
   ASSERT_EQ(plan.num_tile_classes, 3);
   EXPECT_EQ(plan.tile_classes[2].q_rows, 32);

@@ -66,7 +66,7 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
                  "Narrow mode (16-row query tiles for small trees): longest query path it takes (0 = off)");
   cmd.add_option("--narrow-max-waves", opt.narrow_max_waves, "Narrow mode: at most this many 16-row tiles of query rows per SM");
   cmd.add_option("--mid-class-rows", opt.mid_class_rows,
-                 "Tile class added at GQA >= 4 (default 32 rows; 0 = off; --tile-rows turns it off)");
+                 "Tile class of this many query rows added at GQA >= 4 (default 0 = off; --tile-rows turns it off)");
 }
 
 PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base) {

@@ -90,11 +90,12 @@ struct PlannerConfig {
   int64_t narrow_max_path = 600;
   double narrow_max_waves = 4.0;
   // At GQA >= mid_class_min_gqa the plan also gets a tile class of mid_class_rows query rows (when
-  // the configured classes have none and a slot is free): at GQA 4, 32-row tiles (8 queries) cut
-  // the deep 32/8 trees' times by 4-31 % and change no other 32/8 or 16/1 cell beyond noise, while
-  // at GQA 1 they cost the deep trees 8-30 % (H200 paper suite, src/cuda/PERF_NOTES.md).
-  // mid_class_rows = 0: off.
-  int32_t mid_class_rows = 32;
+  // the configured classes have none and a slot is free). Off by default since the kernel's tile
+  // table took the run search out of the producer: with 32-row tiles at GQA 4 the suite measured
+  // 2.73 vs 2.71 without (three deep 32/8 trees 15-17 % slower with them, `1 2 4 ... 1024 / 16 ...`
+  // 32/8 13 % faster); before it, they had cut the deep 32/8 trees' times by 4-31 % (H200 paper
+  // suite, src/cuda/PERF_NOTES.md sessions 7 and 14). mid_class_rows = 0: off.
+  int32_t mid_class_rows = 0;
   int32_t mid_class_min_gqa = 4;
 };
 
