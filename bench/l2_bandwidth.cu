@@ -139,7 +139,8 @@ __global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char*
   constexpr int kStage = 32768;
   ring_init(full, empty, stages, tensor == 2 ? 32 : 1);
   const int tiles = rows / 2 / 64;  // a power of two
-  if (tensor == 2 && threadIdx.x >= 32) {  // producer warp, cp.async
+  const bool warp_copies = tensor == 2;  // the whole producer warp copies; else thread 32 alone
+  if (threadIdx.x == 32 || (warp_copies && threadIdx.x > 32)) {  // producer
     const int lane = threadIdx.x - 32;
     unsigned long long cyc = 0;
     for (int i = 0; i < iters; ++i) {
@@ -148,45 +149,37 @@ __global__ void tile_kernel(const __grid_constant__ CUtensorMap map, const char*
       const int r = ((blockIdx.x * 7919 + i * gridDim.x) & (tiles - 1)) * 64;
       const uint32_t dst = saddr(ring + static_cast<size_t>(s) * kStage);
       const unsigned long long t0 = clock64();
-      for (int h = 0; h < 2; ++h) {
-        const char* src = buf + static_cast<size_t>(r + h * (rows / 2)) * 256 + lane * 16;
+      if (warp_copies) {
+        for (int h = 0; h < 2; ++h) {
+          const char* src = buf + static_cast<size_t>(r + h * (rows / 2)) * 256 + lane * 16;
 #pragma unroll 8
-        for (int j = 0; j < 32; ++j)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + h * 16384 + j * 512 + lane * 16),
-                       "l"(src + j * 512)
-                       : "memory");
-      }
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(&full[s])) : "memory");
-      cyc += clock64() - t0;
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    if (lane == 0) issue[blockIdx.x] = cyc;
-  } else if (threadIdx.x == 32) {  // producer
-    unsigned long long cyc = 0;
-    for (int i = 0; i < iters; ++i) {
-      const int s = i % stages;
-      if (i >= stages) bar_wait(&empty[s], ((i / stages) - 1) & 1);
-      const int r = ((blockIdx.x * 7919 + i * gridDim.x) & (tiles - 1)) * 64;
-      const uint32_t dst = saddr(ring + static_cast<size_t>(s) * kStage);
-      const unsigned long long t0 = clock64();
-      bar_arrive_tx(&full[s], kStage);
-      for (int h = 0; h < 2; ++h) {
-        const int row = r + h * (rows / 2);
-        for (int cb = 0; cb < 2; ++cb) {
-          const uint32_t d = dst + h * 16384 + cb * 8192;
-          if (tensor) {
-            asm volatile(
-                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(d),
-                "l"(&map), "r"(cb * 64), "r"(row), "r"(saddr(&full[s]))
-                : "memory");
-          } else {
-            bulk_copy(d, buf + static_cast<size_t>(row) * 256 + cb * 8192, 8192, &full[s]);
+          for (int j = 0; j < 32; ++j)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + h * 16384 + j * 512 + lane * 16),
+                         "l"(src + j * 512)
+                         : "memory");
+        }
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(&full[s])) : "memory");
+      } else {
+        bar_arrive_tx(&full[s], kStage);
+        for (int h = 0; h < 2; ++h) {
+          const int row = r + h * (rows / 2);
+          for (int cb = 0; cb < 2; ++cb) {
+            const uint32_t d = dst + h * 16384 + cb * 8192;
+            if (tensor) {
+              asm volatile(
+                  "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(d),
+                  "l"(&map), "r"(cb * 64), "r"(row), "r"(saddr(&full[s]))
+                  : "memory");
+            } else {
+              bulk_copy(d, buf + static_cast<size_t>(row) * 256 + cb * 8192, 8192, &full[s]);
+            }
           }
         }
       }
       cyc += clock64() - t0;
     }
-    issue[blockIdx.x] = cyc;
+    if (warp_copies) asm volatile("cp.async.wait_all;" ::: "memory");
+    if (lane == 0) issue[blockIdx.x] = cyc;
   } else if (threadIdx.x < 32) {
     consume(full, empty, ring, kStage, stages, iters, hold_ns, sink);
   }
