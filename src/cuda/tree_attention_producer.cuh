@@ -18,11 +18,13 @@
 // the consumers release only after the full barrier completed. The first kLook records (issued
 // before the CTA barrier) are awaited with cp.async.wait_all.
 //
-// KV slots: a full tile inside one run among a unit's first kRecordTiles tiles has its first slot
-// in the record (BlockRecord::tile_slot, from upload) and goes straight to TMA: no run search, the
-// shortest per-tile path (the producer's time is instruction issue and fetch, PERF_NOTES.md
-// session 13). Other tiles resolve their slots from the vnode's runs of consecutive slots
-// (device_plan.h), held lane-distributed as a window of up to 32 runs:
+// KV slots: among a unit's first kRecordTiles tiles, a full tile inside one run has its first slot
+// in the record (BlockRecord::tile_slot, from upload) and goes straight to TMA, and a tile whose
+// 8-row units each lie in one run has each unit's first slot there (BlockRecord::tile_box; 16- and
+// 8-row TMA boxes, issue_boxes): no run search, the shortest per-tile paths (the producer's time
+// is instruction issue and fetch; a searched tile cost 2.3-5.7 kcycles against 0.3 for a table
+// tile, PERF_NOTES.md sessions 13-14). Other tiles resolve their slots from the vnode's runs of
+// consecutive slots (device_plan.h), held lane-distributed as a window of up to 32 runs:
 //   fast path  the tile lies inside one run (the usual case): row r's address is
 //              base + r * row_stride, no per-row lookup at all;
 //   slow path  the tile crosses runs: each lane resolves rows lane and lane + 32 by a binary search
