@@ -354,8 +354,8 @@ struct Producer {
   // [count, round_up(count, 16)) (all of [count, 64) for wgmma units, whose P V runs every k-step)
   // are zeroed by plain shared stores, since P = 0 there must multiply finite values; K rows there
   // keep whatever the stage held, as their scores are replaced by -inf with a select (a NaN
-  // included). Rows beyond are never read. (Zero-filling both by cp.async cost ~90 cycles per
-  // warp instruction on the 16/1 cells, ~4.5 kcycles per 16-token tile: PERF_NOTES session 14.)
+  // included). Rows beyond are never read. (Zero-filling both by cp.async instead: suite 2.88 vs
+  // 2.86, PERF_NOTES session 14.)
   // mark: FT_TRACE builds stamp kTrFirstKvBegin / kTrFirstKvEnd around the copies.
   // tma_slot (BlockRecord::tile_slot[t], p.use_tma; else -1) >= 0: the tile is kN tokens in one run
   // starting at that slot: lane 0 loads it by TMA with no run search; <= -2: its 8-row units are in
