@@ -37,13 +37,11 @@ inline void fill_tile_slots(BlockRecord& rec, const DeviceRun* rb, const DeviceR
     const int count = static_cast<int>(std::min<int64_t>(kKvTile, rec.desc.kv_len - off));
     const int64_t first = static_cast<int64_t>(rec.desc.kv_begin) + off;
     if (count == kKvTile) {
-      const DeviceRun* keep = r;
-      const int64_t slot = slot_of(first, first + kKvTile);
+      const int64_t slot = slot_of(first, first + kKvTile);  // r now holds `first`, where the units below start
       if (slot >= 0) {
         rec.tile_slot[t] = static_cast<int32_t>(slot);
         continue;
       }
-      r = keep;  // the units below start at the same token
     }
     if (boxes == kRecordBoxTiles) continue;
     int32_t unit_slot[kUnits];
