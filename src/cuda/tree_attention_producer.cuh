@@ -396,8 +396,6 @@ struct Producer {
     const int k0 = window_search(c, base);  // same for every lane
 #if FT_TRACE
     tr_search_end = clock64();
-#endif
-#if FT_TRACE
     tr_path = count == kN ? 1 : 2;
 #endif
     if (base + count <= __shfl_sync(kFullMask, c.win_end, k0)) {
@@ -546,9 +544,10 @@ struct Producer {
 #if FT_TRACE
     uint64_t cy[5] = {0, 0, 0, 0, 0};  // record, Q, search, copies, publish (cycles)
     uint64_t c0 = 0, c1 = 0;
-    uint64_t tab_sum = 0, tab_n = 0, tab_min = ~0ull, tab_max = 0, tab_first = 0;  // table tiles' copy step
-    uint64_t path_cy[5] = {0, 0, 0, 0, 0}, path_n[5] = {0, 0, 0, 0, 0};  // the copy step by issue_kv path
+    // The copy step by issue_kv path (tr_path): summed, counted, fastest; table tiles also slowest and first.
+    uint64_t path_cy[5] = {0, 0, 0, 0, 0}, path_n[5] = {0, 0, 0, 0, 0};
     uint64_t path_min[5] = {~0ull, ~0ull, ~0ull, ~0ull, ~0ull};
+    uint64_t tab_max = 0, tab_first = 0;
 #endif
     for (;;) {
       [[maybe_unused]] uint64_t tw = 0;
@@ -591,16 +590,13 @@ struct Producer {
       c1 = clock64();
       cy[2] += tr_search_end - c0;
       cy[3] += c1 - tr_search_end;
-      path_cy[tr_path] += c1 - tr_search_end;
-      ++path_n[tr_path];
-      path_min[tr_path] = min(path_min[tr_path], c1 - tr_search_end);
-      if (tma_slot >= 0) {
+      {
         const uint64_t d = c1 - tr_search_end;
-        if (tab_n == 0) tab_first = d;
-        tab_sum += d;
-        ++tab_n;
-        tab_min = min(tab_min, d);
-        tab_max = max(tab_max, d);
+        if (tr_path == 0 && path_n[0] == 0) tab_first = d;
+        if (tr_path == 0) tab_max = max(tab_max, d);
+        path_cy[tr_path] += d;
+        ++path_n[tr_path];
+        path_min[tr_path] = min(path_min[tr_path], d);
       }
       c0 = c1;
 #endif
@@ -645,25 +641,23 @@ struct Producer {
 #if FT_TRACE
 #pragma unroll
       for (int i = 0; i < 5; ++i) trace_put(p.trace, kTraceTree, kTrProdRecordCy + i, cy[i]);
-      if (tab_n > 0) {
-        trace_put(p.trace, kTraceTree, kTrProdTableCy, tab_sum);
-        trace_put(p.trace, kTraceTree, kTrProdTableTiles, tab_n);
-        trace_put(p.trace, kTraceTree, kTrProdTableMinCy, tab_min);
+      trace_put(p.trace, kTraceTree, kTrProdQRowsCy, tr_q_rows);
+      // (sum, count, min) events of each path; the past-table path has no min event.
+      constexpr int kPathEv[5][3] = {{kTrProdTableCy, kTrProdTableTiles, kTrProdTableMinCy},
+                                     {kTrProdPastCy, kTrProdPastN, -1},
+                                     {kTrProdPartialCy, kTrProdPartialN, kTrProdPartialMinCy},
+                                     {kTrProdSlowCy, kTrProdSlowN, kTrProdSlowMinCy},
+                                     {kTrProdBoxCy, kTrProdBoxN, kTrProdBoxMinCy}};
+#pragma unroll
+      for (int i = 0; i < 5; ++i) {
+        if (path_n[i] == 0) continue;
+        trace_put(p.trace, kTraceTree, kPathEv[i][0], path_cy[i]);
+        trace_put(p.trace, kTraceTree, kPathEv[i][1], path_n[i]);
+        if (kPathEv[i][2] >= 0) trace_put(p.trace, kTraceTree, kPathEv[i][2], path_min[i]);
+      }
+      if (path_n[0] > 0) {
         trace_put(p.trace, kTraceTree, kTrProdTableMaxCy, tab_max);
         trace_put(p.trace, kTraceTree, kTrProdTableFirstCy, tab_first);
-      }
-      trace_put(p.trace, kTraceTree, kTrProdQRowsCy, tr_q_rows);
-      for (int i = 1; i < 4; ++i) {
-        if (path_n[i] > 0) {
-          trace_put(p.trace, kTraceTree, i == 1 ? kTrProdPastCy : i == 2 ? kTrProdPartialCy : kTrProdSlowCy, path_cy[i]);
-          trace_put(p.trace, kTraceTree, i == 1 ? kTrProdPastN : i == 2 ? kTrProdPartialN : kTrProdSlowN, path_n[i]);
-          if (i > 1) trace_put(p.trace, kTraceTree, i == 2 ? kTrProdPartialMinCy : kTrProdSlowMinCy, path_min[i]);
-        }
-      }
-      if (path_n[4] > 0) {
-        trace_put(p.trace, kTraceTree, kTrProdBoxCy, path_cy[4]);
-        trace_put(p.trace, kTraceTree, kTrProdBoxN, path_n[4]);
-        trace_put(p.trace, kTraceTree, kTrProdBoxMinCy, path_min[4]);
       }
 #endif
       trace_mark(p.trace, kTraceTree, kTrProducerEnd);
