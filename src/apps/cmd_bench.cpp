@@ -46,6 +46,7 @@ struct BenchCmd {
   std::string kv_layout = "slot";  // slot: [S, Hkv, d]; head: [Hkv, S, d]
   bool diag = false;  // also time an empty launch once and each FastTree plan without its merge
   bool no_flush = false;  // diagnostics: no L2 flush before the timed runs (inputs and code stay cached)
+  bool fasttree_only = false;  // sweeps: time only the FastTree plan (baseline and ablation columns NaN)
 };
 
 using Cell = SuiteCell;
@@ -199,12 +200,13 @@ void run_bench(const BenchCmd& c) {
       topt.flush_l2 = !c.no_flush;
       topt.kv_head_major = c.kv_layout == "head";
       const double ft = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt).median_us;
-      const double pr = cuda_time_plan(per_request, cell.tree, cell.shape, dt, topt).median_us;
-      const double ng = cuda_time_plan(no_greedy, cell.tree, cell.shape, dt, topt).median_us;
-      const double ns = cuda_time_plan(no_split, cell.tree, cell.shape, dt, topt).median_us;
+      const bool all = !c.fasttree_only;
+      const double pr = all ? cuda_time_plan(per_request, cell.tree, cell.shape, dt, topt).median_us : NAN;
+      const double ng = all ? cuda_time_plan(no_greedy, cell.tree, cell.shape, dt, topt).median_us : NAN;
+      const double ns = all ? cuda_time_plan(no_split, cell.tree, cell.shape, dt, topt).median_us : NAN;
       CudaTimingOptions topt_ng = topt;
       topt_ng.use_graph = false;
-      const double ft_nograph = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_ng).median_us;
+      const double ft_nograph = all ? cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_ng).median_us : NAN;
       if (c.diag) {
         CudaTimingOptions topt_nm = topt;
         topt_nm.skip_merge = true;
@@ -272,6 +274,7 @@ void register_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
+  cmd->add_flag("--fasttree-only", c->fasttree_only, "Time only the FastTree plan (no baseline or ablations: planner sweeps)");
   cmd->add_flag("--no-flush", c->no_flush, "Diagnostics: do not flush the L2 cache before each timed run");
   cmd->add_flag("--diag", c->diag, "Also time an empty kernel in the same harness, and each FastTree plan without its merge");
   cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
