@@ -242,7 +242,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   if (!options.fuse_merge && env_or(-1, "FT_FUSE_MERGE", 0) != 0) m.options.fuse_merge = options.fuse_merge = true;
   m.warp_max_kv = env_or(options.warp_unit_max_kv, "FT_WARP_UNITS", kDefaultWarpUnitMaxKv);
   if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
-  m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 1) != 0;
+  m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 0) != 0;
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;

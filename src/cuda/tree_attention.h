@@ -24,11 +24,12 @@
 // different streams would share its counters.
 //
 // Short units (blocks of <= 16 rows with <= warp_unit_max_kv tokens, when a plan has at least
-// warp_unit_min_units of them) run one per warp on a second kernel (tree_attention_warp.cuh).
-// By default (warp_overlap) it runs beside the main kernel: run() forks an internal non-blocking
-// stream off `stream` with an event, launches the warp kernel there and the main kernel on
-// `stream`, and joins with a second event before the merge (a graph captured on `stream` gets two
-// parallel branches). The stream and events are created once, in the constructor.
+// warp_unit_min_units of them) run one per warp on a second kernel (tree_attention_warp.cuh),
+// by default before the main kernel on `stream`. With warp_overlap it runs beside the main
+// kernel instead: run() forks an internal non-blocking stream off `stream` with an event, launches
+// the warp kernel there and the main kernel on `stream`, and joins with a second event before the
+// merge (a graph captured on `stream` gets two parallel branches). The stream and events are
+// created once, in the constructor.
 //
 // Kernel tile classes: a work item's q_count * g rows select 16-row (4 warps split the KV tile),
 // 32-row or 64-row tiles; items with more than 64 rows run as several 64-row blocks. The KV tile
@@ -74,8 +75,11 @@ struct CudaTreeAttentionOptions {
   // kDefaultWarpUnitMinUnits.
   int warp_unit_min_units = -1;
   // 1: the warp kernel runs on an internal second stream beside the main kernel (fork/join events);
-  // 0: serialized before the main kernel on the caller's stream (the old behaviour, for A/B);
-  // < 0: the FT_WARP_OVERLAP environment variable if set, else 1.
+  // 0: serialized before the main kernel on the caller's stream; < 0: the FT_WARP_OVERLAP
+  // environment variable if set, else 0. H200 paper suite (2026-12-01): serialized is 3-4 % faster
+  // on the two suite cells that take the warp path beside long main-kernel units (deep GQA-1 trees
+  // with 256-node levels: 218 -> 210 and 209 -> 203 us), 0.8 % slower on `1 4 16 64 256 1024`
+  // 32/32 (1151 -> 1160 us); llama2-7b workload D end to end even (cuda/PERF_NOTES.md, session 15).
   int warp_overlap = -1;
   // Warp-kernel CTAs per SM (64 threads each); <= 0: the FT_WARP_CTAS environment variable if set,
   // else as many as fit alone (2 per SM measured far worse: geomean 6.50x floor vs 5.06x).
