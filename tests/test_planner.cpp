@@ -118,6 +118,11 @@ TEST(Planner, DeltaChargesTheParentContextAConcatenatedChildReReads) {
     PlannerConfig cfg;
     cfg.delta = delta;
     cfg.mid_class_rows = 0;  // the two default classes the expectations were derived with
+    // ... and the 2026-11 calibration's cost weights: a large gamma (the current default) prices
+    // partial rows above any re-read token, so that no delta here changes the plan.
+    cfg.alpha = 0.33;
+    cfg.beta = 0.33;
+    cfg.gamma = 0.1;
     Plan plan;
     Planner(cfg).build(t, s, plan);
     validate_plan(plan, t);

@@ -39,17 +39,18 @@ enum class EdgePolicy {
 };
 
 // Every constant of the planner. Defaults: `fasttree calibrate` on the H200 (bench/results/
-// h200-calibration.csv; README "Calibration"): alpha 0.33, beta 0.33, gamma 0.1, min_chunk 128,
-// split_waves 2, tile classes 64 and 16 rows (fitted without leaf folding); fold_max 128 and its
-// guards, and the narrow mode, from the A/B runs in src/cuda/PERF_NOTES.md.
+// h200-calibration.csv; README "Calibration"; refitted 2026-12-01 on the fifteenth session's
+// kernels, leaf folding and narrow mode on): alpha 1.5, beta 1, gamma 300, min_chunk 128,
+// split_waves 2, tile classes 64 and 16 rows; fold_max 128 and its guards, and the narrow mode,
+// from the A/B runs in src/cuda/PERF_NOTES.md.
 struct PlannerConfig {
   // Cost model: Cmm(nQ, nK) = alpha*Pad(TSq, nQ)*g*nK + beta*max(0, TSk - nK)*nQ*g;
   // SplitKV pays gamma per query that gets one more partial result; SplitQ (concatenating a child
   // onto its parent's context) pays delta per parent-context token that the child's query tiles
   // read again (len_parent x tiles of the child's group), the KV traffic the paper's model leaves out.
-  double alpha = 0.33;
-  double beta = 0.33;
-  double gamma = 0.1;
+  double alpha = 1.5;
+  double beta = 1.0;
+  double gamma = 300.0;
   double delta = 0.0;
   // Tile classes, any order; a vnode with R = nQ*g query rows uses the smallest class with
   // q_rows >= R, or the largest class when none is that large.
