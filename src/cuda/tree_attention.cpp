@@ -93,6 +93,7 @@ struct CudaTreeAttention::Impl {
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   int merge_wide_opt = -1;    // resolved merge_wide option (-1: by the plan)
   bool merge_wide = false;    // the uploaded plan merges with merge_kernel_wide
+  bool half_partials = false;  // partial rows in the K/V dtype (resolved CudaTreeAttentionOptions::partial_kv_dtype)
   bool use_tma = true;        // K/V tiles and consecutive-slot 16-row chunks by TMA (resolved FT_TMA; descriptors permitting)
   // TMA descriptors of the last K/V pools run() saw (re-encoded only when a pointer changes).
   mutable const void* tma_k_base = nullptr;
@@ -246,6 +247,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
+  m.half_partials = !options.fuse_merge && env_or(options.partial_kv_dtype, "FT_HALF_PARTIALS", 1) != 0;
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
            "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
   m.warp_min_units = std::max(0, env_or(options.warp_unit_min_units, "FT_WARP_MIN_UNITS", kDefaultWarpUnitMinUnits));
@@ -604,6 +606,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.lse = lse;
     p.partial = m.partial;
     p.partial_lse = m.partial_lse;
+    p.partial_half = m.half_partials ? 1 : 0;
     p.counts = m.device_section<DeviceCounts>(kCounts);
     p.records = m.device_section<BlockRecord>(kRecords);
     p.runs = m.device_section<DeviceRun>(kRuns);
@@ -675,6 +678,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     mp.merge_rows = m.device_section<int32_t>(kMergeRows);
     mp.partial = m.partial;
     mp.partial_lse = m.partial_lse;
+    mp.partial_dtype = !m.half_partials ? kPartialF32 : m.dtype == KvDType::kBF16 ? kPartialBF16 : kPartialF16;
     mp.out = out;
     mp.lse = lse;
     mp.num_qo_heads = m.shape.num_qo_heads;
