@@ -429,6 +429,7 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   CudaRunOptions plain;
   plain.poison_outputs = true;
   plain.warp_unit_max_kv = 0;  // the main kernel only (the warp path is checked below)
+  plain.partial_kv_dtype = 0;  // fp32 partial rows, as the fused merge's (compared below)
   cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, base, base_lse, plain);
   EXPECT_LE(compare(base, base_lse, ref.out, ref.lse).out, out_tol(KvDType::kBF16));
   CudaRunOptions graph = plain;
@@ -449,6 +450,23 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
     cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
     EXPECT_EQ(out, base);
     EXPECT_EQ(lse, base_lse);
+  }
+  // Partial rows in the K/V dtype (the default): graph replay and the static scheduler agree
+  // bit for bit too, and differ from fp32 partial rows by bf16 rounding only.
+  {
+    CudaRunOptions half = plain;
+    half.partial_kv_dtype = 1;
+    std::vector<float> hbase(x.q.size(), NAN), hbase_lse(ref.lse.size(), NAN);
+    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, hbase, hbase_lse, half);
+    EXPECT_LE(compare(hbase, hbase_lse, base, base_lse).out, 1e-2);
+    EXPECT_LE(compare(hbase, hbase_lse, base, base_lse).lse, 1e-6);  // LSEs stay fp32
+    for (CudaRunOptions opt : {graph, round_robin}) {
+      opt.partial_kv_dtype = 1;
+      std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+      cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
+      EXPECT_EQ(out, hbase);
+      EXPECT_EQ(lse, hbase_lse);
+    }
   }
   // The fused merge runs the same per-row arithmetic in another kernel: equal up to rounding.
   for (const CudaRunOptions& opt : {fused, fused_rr}) {
