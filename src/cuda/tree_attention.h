@@ -122,7 +122,10 @@ struct CudaTreeAttentionOptions {
   // accumulates in fp32 and keeps fp32 LSEs, as FlashInfer's merge of half-precision states does);
   // a merged query's output then carries one rounding to the K/V dtype (relative 2^-11 for fp16,
   // 2^-8 for bf16), direct queries none. 0: fp32. < 0: the FT_HALF_PARTIALS environment variable if
-  // set, else 1. Always fp32 with fuse_merge.
+  // set, else by size: the K/V dtype when the plan's partial rows would take more than
+  // kHalfPartialMinBytes in fp32 (H200 paper suite: the deep GQA-1 trees' 34-67 MB of partial rows
+  // 2.5-4 % faster; small plans gain nothing, one 6 MB plan measured 7 % slower). Always fp32 with
+  // fuse_merge.
   int partial_kv_dtype = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
@@ -141,6 +144,8 @@ inline constexpr int kDefaultWarpCtaWarps = 3;
 inline constexpr int kDefaultWarpUnitMinUnits = 4096;
 // CudaTreeAttentionOptions::deep_ring's default: the 3-stage kernel below this GQA ratio.
 inline constexpr int kDeepRingMaxGqa = 8;
+// CudaTreeAttentionOptions::partial_kv_dtype's default threshold (fp32 bytes of a plan's partial rows).
+inline constexpr double kHalfPartialMinBytes = 16e6;
 
 class CudaTreeAttention {
  public:
