@@ -112,7 +112,6 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
   // Every mode but 1 loads full K/V tiles by TMA. Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
   // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too), the
   // latter with the cp.async-staged warp kernel (2) and the register one (4).
-  // Modes 0-1 keep partial rows in fp32, 2-4 in the K/V dtype.
   // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the staged warp path
   // with a ring of 3 jobs and 3 warps per CTA (modes 2: 2 jobs, 2 warps). Modes 1 and 3 merge with
   // the wide merge kernel (one CTA per job), modes 2 and 4 with the lane-group one.
@@ -136,9 +135,6 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
     // Both tree-kernel variants at d = 128 and every GQA ratio: the 3-stage one (Q read from
     // global memory) in modes 0, 2, 4, the 2-stage one (Q staged in shared memory) in 1 and 3.
     opt.deep_ring = mode == 1 || mode == 3 ? 0 : 1;
-    // Partial rows in fp32 in modes 0 (the fused merge's only storage) and 1, in the K/V dtype
-    // (the default) in 2-4: both merge kernels read both kinds.
-    opt.partial_kv_dtype = mode <= 1 ? 0 : 1;
     const char* tag = mode == 0   ? " [fused merge]"
                       : mode == 1 ? " [wide merge launch]"
                       : mode == 2 ? " [staged warp-per-unit + merge launch]"
@@ -429,7 +425,6 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   CudaRunOptions plain;
   plain.poison_outputs = true;
   plain.warp_unit_max_kv = 0;  // the main kernel only (the warp path is checked below)
-  plain.partial_kv_dtype = 0;  // fp32 partial rows, as the fused merge's (compared below)
   cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, base, base_lse, plain);
   EXPECT_LE(compare(base, base_lse, ref.out, ref.lse).out, out_tol(KvDType::kBF16));
   CudaRunOptions graph = plain;
@@ -450,23 +445,6 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
     cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
     EXPECT_EQ(out, base);
     EXPECT_EQ(lse, base_lse);
-  }
-  // Partial rows in the K/V dtype (the default): graph replay and the static scheduler agree
-  // bit for bit too, and differ from fp32 partial rows by bf16 rounding only.
-  {
-    CudaRunOptions half = plain;
-    half.partial_kv_dtype = 1;
-    std::vector<float> hbase(x.q.size(), NAN), hbase_lse(ref.lse.size(), NAN);
-    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, hbase, hbase_lse, half);
-    EXPECT_LE(compare(hbase, hbase_lse, base, base_lse).out, 1e-2);
-    EXPECT_LE(compare(hbase, hbase_lse, base, base_lse).lse, 1e-6);  // LSEs stay fp32
-    for (CudaRunOptions opt : {graph, round_robin}) {
-      opt.partial_kv_dtype = 1;
-      std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
-      cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
-      EXPECT_EQ(out, hbase);
-      EXPECT_EQ(lse, hbase_lse);
-    }
   }
   // The fused merge runs the same per-row arithmetic in another kernel: equal up to rounding.
   for (const CudaRunOptions& opt : {fused, fused_rr}) {

@@ -123,7 +123,6 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.merge_wide = options.merge_wide;
   opt.use_tma = options.use_tma;
   opt.deep_ring = options.deep_ring;
-  opt.partial_kv_dtype = options.partial_kv_dtype;
   opt.kv_slots = num_slots;
   if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);

@@ -52,7 +52,6 @@ struct CudaRunOptions {
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
   bool require_tma = false;      // throw unless the run loaded its full tiles by TMA (tma_active())
   int deep_ring = -1;            // CudaTreeAttentionOptions::deep_ring
-  int partial_kv_dtype = -1;     // CudaTreeAttentionOptions::partial_kv_dtype
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,

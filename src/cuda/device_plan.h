@@ -188,9 +188,8 @@ struct TreeAttnParams {
   const void* v;
   float* out;
   float* lse;
-  void* partial;  // [rows, Hq, d] partial rows: fp32, or the kernel's dtype when partial_half
+  float* partial;
   float* partial_lse;
-  int partial_half;  // 1: partial rows stored in the K/V dtype (PartialDType), 0: fp32
   const DeviceCounts* counts;
   const BlockRecord* records;  // [blocks], >= kMaxRecordLook x gridDim.x entries (the first units' are read blind)
   const DeviceRun* runs;
@@ -214,11 +213,6 @@ struct TreeAttnParams {
   unsigned long long* trace;  // [kTraceKinds][kTraceCtas][kTraceEvents] or nullptr (FT_TRACE builds)
 };
 
-// Storage of the partial rows (TreeAttnParams::partial, MergeParams::partial): fp32, or the K/V
-// dtype (half the bytes written by the tree kernels and read by the merge; the merge still
-// accumulates in fp32, like FlashInfer's merge of half-precision states). LSEs stay fp32.
-enum PartialDType { kPartialF32 = 0, kPartialF16 = 1, kPartialBF16 = 2 };
-
 // Merge kernel: for each non-direct query q = merge_queries[i] and head h, the LSE-weighted
 // combination of partial rows merge_rows[merge_begin[q] .. merge_begin[q+1]) -> out[q, h], lse[q, h].
 struct MergeParams {
@@ -226,9 +220,8 @@ struct MergeParams {
   const int32_t* merge_queries;  // [num_merge]
   const int32_t* merge_begin;    // [Q + 1]
   const int32_t* merge_rows;
-  const void* partial;  // element type by partial_dtype
+  const float* partial;
   const float* partial_lse;
-  int partial_dtype;    // PartialDType
   float* out;
   float* lse;  // may be null
   int num_qo_heads;

@@ -13,9 +13,9 @@ namespace fasttree::cuda_detail {
 
 namespace {
 
-template <int D, class P>
+template <int D>
 int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide) {
-  const auto kernel = wide ? merge_kernel_wide<D, P> : merge_kernel<D, P>;
+  const auto kernel = wide ? merge_kernel_wide<D> : merge_kernel<D>;
   if (!pdl) {
     kernel<<<grid, kMergeThreads, 0, stream>>>(params);
     return cudaGetLastError();
@@ -33,23 +33,13 @@ int launch_merge(const MergeParams& params, int grid, CUstream_st* stream, bool 
   return cudaLaunchKernelEx(&cfg, kernel, params);
 }
 
-template <class P>
-int launch_merge_d(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide) {
-  switch (head_dim) {
-    case 64: return launch_merge<64, P>(params, grid, stream, pdl, wide);
-    case 128: return launch_merge<128, P>(params, grid, stream, pdl, wide);
-    case 256: return launch_merge<256, P>(params, grid, stream, pdl, wide);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstream_st* stream, bool pdl, bool wide) {
-  switch (params.partial_dtype) {
-    case kPartialF32: return launch_merge_d<float>(head_dim, params, grid, stream, pdl, wide);
-    case kPartialF16: return launch_merge_d<__half>(head_dim, params, grid, stream, pdl, wide);
-    case kPartialBF16: return launch_merge_d<__nv_bfloat16>(head_dim, params, grid, stream, pdl, wide);
+  switch (head_dim) {
+    case 64: return launch_merge<64>(params, grid, stream, pdl, wide);
+    case 128: return launch_merge<128>(params, grid, stream, pdl, wide);
+    case 256: return launch_merge<256>(params, grid, stream, pdl, wide);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -6,8 +6,7 @@
 // produce NaN.
 //
 // merge_group: a group of kLpj = D / 8 lanes merges one job; a warp runs 32 / kLpj jobs at once.
-// Lane k of a group owns float4 columns k and k + kLpj of the row (4-element groups of the row of
-// element type P: fp32, or the K/V dtype, PartialDType). Rows are consumed 8 at a time,
+// Lane k of a group owns float4 columns k and k + kLpj of the row. Rows are consumed 8 at a time,
 // all 8 x 2 float4 loads issued before the first use, so a warp keeps 16 independent L2 loads per
 // lane in flight. Partials are read with ld.global.cg (L2): in the fused merge other CTAs wrote
 // them during this launch, and L1 is not coherent.
@@ -20,11 +19,7 @@
 // launched as a programmatic dependent of the tree kernel (merge_kernel_launch pdl = true): its CTAs
 // are placed as the tree kernel's CTAs retire and wait (griddep_wait) for the partials.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <type_traits>
 
 #include "cuda/device_plan.h"
 #include "cuda/kernels.h"
@@ -42,32 +37,6 @@ struct MergeShape {
   static constexpr int kStep = Step;         // rows whose loads are issued together
   static_assert(2 * kLpj * 4 == D, "two float4 per lane");
 };
-
-// Elements [4 c, 4 c + 4) of a partial row of element type P (float, __half or __nv_bfloat16;
-// PartialDType), as fp32, read through L2 (ld.global.cg: other CTAs or the previous kernel wrote them).
-template <class P>
-__device__ __forceinline__ float4 ld_partial4(const void* row, int c) {
-  if constexpr (sizeof(P) == 4) {
-    return __ldcg(static_cast<const float4*>(row) + c);
-  } else {
-    const uint2 u = __ldcg(static_cast<const uint2*>(row) + c);
-    float2 a, b;
-    if constexpr (sizeof(P) == 2 && std::is_same_v<P, __half>) {
-      a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-      b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-    } else {
-      a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-      b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-    }
-    return make_float4(a.x, a.y, b.x, b.y);
-  }
-}
-
-// Partial row (r, h) of element type P.
-template <class P, int D>
-__device__ __forceinline__ const void* partial_row(const void* partial, int64_t r, int hq, int h) {
-  return static_cast<const P*>(partial) + (r * hq + h) * D;
-}
 
 // acc += w x for one partial row (this lane's two float4). w = 0: the row is empty or absent and
 // may hold anything (NaN poison included): skipped without multiplying.
@@ -97,8 +66,8 @@ __device__ __forceinline__ void merge_store(float* out, float* lse, int hq, int 
 
 // One job per lane group (see the header comment). Every lane of the warp must call it; `active`
 // false: the group does nothing visible (its loads touch partial row 0, which exists).
-template <int D, class P>
-__device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_rows, const void* partial,
+template <int D>
+__device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_rows, const float* partial,
                                             const float* partial_lse, float* out, float* lse, int hq, bool active,
                                             int q, int h, int rb, int n, int lane) {
   constexpr int kLpj = MergeShape<D>::kLpj;
@@ -150,9 +119,9 @@ __device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_ro
         for (int j = 0; j < kStep; ++j) {
           wj[j] = __shfl_sync(kAll, w, gbase + s0 + j);
           const int rj = __shfl_sync(kAll, r, gbase + s0 + j);
-          const void* src = partial_row<P, D>(partial, rj, hq, h);
-          x[j][0] = ld_partial4<P>(src, k);
-          x[j][1] = ld_partial4<P>(src, k + kLpj);
+          const float4* src = reinterpret_cast<const float4*>(partial + (static_cast<int64_t>(rj) * hq + h) * D);
+          x[j][0] = __ldcg(src + k);
+          x[j][1] = __ldcg(src + k + kLpj);
         }
 #pragma unroll
         for (int j = 0; j < kStep; ++j) {
@@ -193,8 +162,8 @@ __device__ __forceinline__ void first_merge_rows(const int32_t* __restrict__ mer
 }
 
 // rows: the first step's ids from first_merge_rows (consumed).
-template <int D, int Step, class P>
-__device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restrict__ merge_rows, const void* partial,
+template <int D, int Step>
+__device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restrict__ merge_rows, const float* partial,
                                                         const float* partial_lse, int hq, int h, int rb, int n, int k,
                                                         int (&rows)[Step]) {
   constexpr int kStep = Step;
@@ -213,9 +182,9 @@ __device__ __forceinline__ MergeState merge_rows_online(const int32_t* __restric
       if (rows[j] >= 0) {
         const int64_t r = rows[j];
         l[j] = __ldcg(partial_lse + r * hq + h);
-        const void* src = partial_row<P, D>(partial, r, hq, h);
-        x[j][0] = ld_partial4<P>(src, k);
-        x[j][1] = ld_partial4<P>(src, k + kLpj);
+        const float4* src = reinterpret_cast<const float4*>(partial + (r * hq + h) * D);
+        x[j][0] = __ldcg(src + k);
+        x[j][1] = __ldcg(src + k + kLpj);
       }
     }
 #pragma unroll
@@ -274,7 +243,7 @@ struct MergeJob {
 // Every chain of plan loads (counts -> merge_queries -> merge_begin -> merge_rows) for a CTA's first
 // job runs before griddep_wait: as a programmatic dependent, the kernel's CTAs do that while the
 // tree kernel drains, and only the partial rows are read after the wait.
-template <int D, class P>
+template <int D>
 __global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel(const MergeParams p) {
   constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
   const int hq = p.num_qo_heads;
@@ -295,7 +264,7 @@ __global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel
       job.first_rows(p, 0, job.n);
     }
     const MergeState st =
-        merge_rows_online<D, kMergeStep, P>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
+        merge_rows_online<D, kMergeStep>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
     if (j0 + lane / kLpj < total)  // active (a job with no rows stores O = 0, LSE = -inf)
       merge_store<D>(p.out, p.lse, hq, job.q, job.h, k, st.acc, st.sum, st.mx);
   }
@@ -307,7 +276,7 @@ __global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel
 // kGroups lane groups each merge a contiguous share of the job's rows (merge_rows_online), then
 // the kGroups states are combined through shared memory, so a job costs about one L2 round trip
 // instead of one per 8 rows.
-template <int D, class P>
+template <int D>
 __global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel_wide(const MergeParams p) {
   constexpr int kLpj = MergeShape<D>::kLpj;
   constexpr int kGroups = kMergeThreads / kLpj;  // 16, 8, 4
@@ -337,7 +306,7 @@ __global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel
     }
     const int q = jb.q, h = jb.h;
     const MergeState st =
-        merge_rows_online<D, kMergeStep, P>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
+        merge_rows_online<D, kMergeStep>(p.merge_rows, p.partial, p.partial_lse, hq, h, jb.rb, jb.n, k, jb.rows);
     s_acc[grp][k] = st.acc[0];
     s_acc[grp][k + kLpj] = st.acc[1];
     if (k == 0) s_ms[grp] = make_float2(st.mx, st.sum);

@@ -93,8 +93,6 @@ struct CudaTreeAttention::Impl {
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   int merge_wide_opt = -1;    // resolved merge_wide option (-1: by the plan)
   bool merge_wide = false;    // the uploaded plan merges with merge_kernel_wide
-  int half_partials_opt = -1;  // resolved CudaTreeAttentionOptions::partial_kv_dtype (-1: by size)
-  bool half_partials = false;  // the uploaded plan's partial rows are in the K/V dtype
   bool use_tma = true;        // K/V tiles and consecutive-slot 16-row chunks by TMA (resolved FT_TMA; descriptors permitting)
   // TMA descriptors of the last K/V pools run() saw (re-encoded only when a pointer changes).
   mutable const void* tma_k_base = nullptr;
@@ -135,7 +133,6 @@ struct CudaTreeAttention::Impl {
   int num_orphans = 0;
   uint64_t epoch = 1;
   bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false;
-  bool last_half_partials = false;
 
   // Launch sequence of the uploaded plan: fused = one tree-kernel launch that also merges.
   bool fused() const { return options.fuse_merge && options.run_merge && num_units > 0; }
@@ -249,7 +246,6 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
-  m.half_partials_opt = options.fuse_merge ? 0 : env_or(options.partial_kv_dtype, "FT_HALF_PARTIALS", -1);
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
            "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
   m.warp_min_units = std::max(0, env_or(options.warp_unit_min_units, "FT_WARP_MIN_UNITS", kDefaultWarpUnitMinUnits));
@@ -581,19 +577,13 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
                                                            num_merge, m.merge_grid, sh.head_dim);
   m.num_orphans = static_cast<int>(num_orphans);
   m.num_partial_rows = rows_cap;
-  // Partial rows in the K/V dtype when asked to, or (by default) when in fp32 they would take more
-  // than kHalfPartialMinBytes: there the bytes they cost the tree kernel and the merge matter.
-  m.half_partials = m.half_partials_opt >= 0
-                        ? m.half_partials_opt != 0
-                        : static_cast<double>(rows_cap) * sh.num_qo_heads * sh.head_dim * 4 > kHalfPartialMinBytes;
   m.uploaded = true;
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
              has_warp = m.num_units > m.num_main_units;
   if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp ||
-      m.merge_wide != m.last_merge_wide || m.half_partials != m.last_half_partials)
+      m.merge_wide != m.last_merge_wide)
     ++m.epoch;
   m.last_merge_wide = m.merge_wide;
-  m.last_half_partials = m.half_partials;
   m.last_has_units = has_units;
   m.last_has_merge = has_merge;
   m.last_has_warp = has_warp;
@@ -614,7 +604,6 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.lse = lse;
     p.partial = m.partial;
     p.partial_lse = m.partial_lse;
-    p.partial_half = m.half_partials ? 1 : 0;
     p.counts = m.device_section<DeviceCounts>(kCounts);
     p.records = m.device_section<BlockRecord>(kRecords);
     p.runs = m.device_section<DeviceRun>(kRuns);
@@ -686,7 +675,6 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     mp.merge_rows = m.device_section<int32_t>(kMergeRows);
     mp.partial = m.partial;
     mp.partial_lse = m.partial_lse;
-    mp.partial_dtype = !m.half_partials ? kPartialF32 : m.dtype == KvDType::kBF16 ? kPartialBF16 : kPartialF16;
     mp.out = out;
     mp.lse = lse;
     mp.num_qo_heads = m.shape.num_qo_heads;

@@ -117,16 +117,6 @@ struct CudaTreeAttentionOptions {
   // and the Q load at each unit's start costs more (GQA 16: 2-7 % slower; GQA 8: up to 11 %
   // slower on small trees, within 2 % on large ones) (cuda/PERF_NOTES.md, session 11).
   int deep_ring = -1;
-  // 1: partial rows (queries split over several work items) are stored in the K/V dtype instead of
-  // fp32 (half the bytes written by the tree kernels and read back by the merge, which still
-  // accumulates in fp32 and keeps fp32 LSEs, as FlashInfer's merge of half-precision states does);
-  // a merged query's output then carries one rounding to the K/V dtype (relative 2^-11 for fp16,
-  // 2^-8 for bf16), direct queries none. 0: fp32. < 0: the FT_HALF_PARTIALS environment variable if
-  // set, else by size: the K/V dtype when the plan's partial rows would take more than
-  // kHalfPartialMinBytes in fp32 (H200 paper suite: the deep GQA-1 trees' 34-67 MB of partial rows
-  // 2.5-4 % faster; small plans gain nothing, one 6 MB plan measured 7 % slower). Always fp32 with
-  // fuse_merge.
-  int partial_kv_dtype = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
   // bounds the TMA tensor (0: unbounded).
@@ -144,8 +134,6 @@ inline constexpr int kDefaultWarpCtaWarps = 3;
 inline constexpr int kDefaultWarpUnitMinUnits = 4096;
 // CudaTreeAttentionOptions::deep_ring's default: the 3-stage kernel below this GQA ratio.
 inline constexpr int kDeepRingMaxGqa = 8;
-// CudaTreeAttentionOptions::partial_kv_dtype's default threshold (fp32 bytes of a plan's partial rows).
-inline constexpr double kHalfPartialMinBytes = 16e6;
 
 class CudaTreeAttention {
  public:

@@ -111,39 +111,16 @@ __device__ __forceinline__ int64_t shfl_i64(int64_t x, int src) {
 }
 
 // Where a block row's result goes: dst >= 0 is a direct query (row of out, LSE in lse when given),
-// dst < 0 the partial row ~dst (partial, partial_lse); h is the row's query head. half: the row
-// holds elements of the K/V dtype (a partial row with p.partial_half), else fp32 (row_store2 / 4).
+// dst < 0 the partial row ~dst (partial, partial_lse); h is the row's query head.
 template <int D>
-__device__ __forceinline__ void row_pointers(const TreeAttnParams& p, int dst, int h, void*& orow, float*& lrow, bool& half) {
+__device__ __forceinline__ void row_pointers(const TreeAttnParams& p, int dst, int h, float*& orow, float*& lrow) {
   if (dst >= 0) {
     orow = p.out + (static_cast<int64_t>(dst) * p.num_qo_heads + h) * D;
     lrow = p.lse != nullptr ? p.lse + static_cast<int64_t>(dst) * p.num_qo_heads + h : nullptr;
-    half = false;
   } else {
     const int64_t pr = ~dst;
-    half = p.partial_half != 0;
-    orow = static_cast<char*>(p.partial) + (pr * p.num_qo_heads + h) * D * (half ? 2 : 4);
+    orow = p.partial + (pr * p.num_qo_heads + h) * D;
     lrow = p.partial_lse + pr * p.num_qo_heads + h;
-  }
-}
-
-// Elements col, col + 1 (col even) of a row from row_pointers.
-template <class T>
-__device__ __forceinline__ void row_store2(void* row, bool half, int col, float a, float b) {
-  if (half) {
-    *reinterpret_cast<uint32_t*>(static_cast<T*>(row) + col) = pack2<T>(a, b);
-  } else {
-    *reinterpret_cast<float2*>(static_cast<float*>(row) + col) = make_float2(a, b);
-  }
-}
-
-// Elements col .. col + 3 (col a multiple of 4) of a row from row_pointers.
-template <class T>
-__device__ __forceinline__ void row_store4(void* row, bool half, int col, float4 v) {
-  if (half) {
-    *reinterpret_cast<uint2*>(static_cast<T*>(row) + col) = make_uint2(pack2<T>(v.x, v.y), pack2<T>(v.z, v.w));
-  } else {
-    *reinterpret_cast<float4*>(static_cast<float*>(row) + col) = v;
   }
 }
 

@@ -294,10 +294,10 @@ struct Consumer {
     return s.row_tab[(table * Cfg::kStages + qslot) * Cfg::kM + r];
   }
 
-  __device__ void row_dest(int qslot, int r, void*& orow, float*& lrow, bool& half) const {
+  __device__ void row_dest(int qslot, int r, float*& orow, float*& lrow) const {
     const int dst = row_tab(kRowDst, qslot, r);
     const int h = Cfg::kHeadTable ? row_tab(kRowHead, qslot, r) : head0 + (r0g + r) % p.gqa;
-    row_pointers<D>(p, dst, h, orow, lrow, half);
+    row_pointers<D>(p, dst, h, orow, lrow);
   }
 
   static __device__ float lse_of(float m2, float l2) {
@@ -314,13 +314,12 @@ struct Consumer {
       lt += __shfl_xor_sync(kFullMask, lt, 2);
       const int r = row_base + g + 8 * hr;
       if (r < rows) {
-        void* orow;
-        float* lrow;
-        bool half;
-        row_dest(qslot, r, orow, lrow, half);
+        float *orow, *lrow;
+        row_dest(qslot, r, orow, lrow);
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
 #pragma unroll
-        for (int i = 0; i < kDT; ++i) row_store2<T>(orow, half, i * 8 + 2 * tq, o[i][2 * hr] * inv, o[i][2 * hr + 1] * inv);
+        for (int i = 0; i < kDT; ++i)
+          *reinterpret_cast<float2*>(orow + i * 8 + 2 * tq) = make_float2(o[i][2 * hr] * inv, o[i][2 * hr + 1] * inv);
         if (tq == 0 && lrow != nullptr) *lrow = lse_of(m[hr], lt);
       }
     }
@@ -359,10 +358,8 @@ struct Consumer {
       const float w = total > 0.0f ? fast_exp2(m[hr] - mu) / total : 0.0f;
       // LSE now, so that no warp reads ml after the second barrier (the next unit rewrites it).
       if (warp % C == 0 && tq == 0 && rg * 16 + r16 < rows) {
-        void* orow;
-        float* lrow;
-        bool half;
-        row_dest(qslot, rg * 16 + r16, orow, lrow, half);
+        float *orow, *lrow;
+        row_dest(qslot, rg * 16 + r16, orow, lrow);
         if (lrow != nullptr) *lrow = lse_of(mstar, total);
       }
       if (rg * 16 + r16 < rows) {  // rows beyond are never read back
@@ -392,11 +389,9 @@ struct Consumer {
         acc.z += x.z;
         acc.w += x.w;
       }
-      void* orow;
-      float* lrow;
-      bool half;
-      row_dest(qslot, row, orow, lrow, half);
-      row_store4<T>(orow, half, c4 * 4, acc);
+      float *orow, *lrow;
+      row_dest(qslot, row, orow, lrow);
+      *reinterpret_cast<float4*>(orow + c4 * 4) = acc;
     }
   }
 
@@ -459,8 +454,7 @@ struct Consumer {
         n = row_tab(kRowNExpect, qslot, row) & 0xffff;
         h = kvh * p.gqa + (job - fi * p.gqa);
       }
-      // The fused merge runs with fp32 partial rows only (the host never sets partial_half with it).
-      merge_group<D, float>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, p.num_qo_heads, active, q, h, rb, n, lane);
+      merge_group<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, p.num_qo_heads, active, q, h, rb, n, lane);
     }
   }
 

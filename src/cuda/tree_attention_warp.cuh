@@ -201,21 +201,19 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
       const int r = g + 8 * hr;
       if (r < rows) {
         const int dst = dst_r[hr], h = head_r[hr];
-        void* orow;
-        float* lrow;
-        bool half;
-        row_pointers<D>(p, dst, h, orow, lrow, half);
+        float *orow, *lrow;
+        row_pointers<D>(p, dst, h, orow, lrow);
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
 #pragma unroll
         for (int hh = 0; hh < kVH; ++hh) {
+          float4* dp = reinterpret_cast<float4*>(orow + 64 * hh + 16 * t);
 #pragma unroll
           for (int q4 = 0; q4 < 4; ++q4) {
             // dims 16 t + 4 q4 + i: i < 8 -> n-tile hh * 8 + i (c0 / c2); else hh * 8 + i - 8 (c1 / c3).
             const int c = 2 * hr + (q4 >= 2 ? 1 : 0);
             const int e0 = (q4 & 1) * 4;
-            row_store4<T>(orow, half, 64 * hh + 16 * t + 4 * q4,
-                          make_float4(o[hh * 8 + e0][c] * inv, o[hh * 8 + e0 + 1][c] * inv, o[hh * 8 + e0 + 2][c] * inv,
-                                      o[hh * 8 + e0 + 3][c] * inv));
+            dp[q4] = make_float4(o[hh * 8 + e0][c] * inv, o[hh * 8 + e0 + 1][c] * inv, o[hh * 8 + e0 + 2][c] * inv,
+                                 o[hh * 8 + e0 + 3][c] * inv);
           }
         }
         if (t == 0 && lrow != nullptr)

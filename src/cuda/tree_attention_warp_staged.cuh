@@ -273,13 +273,12 @@ struct WarpStaged {
       const int r = g + 8 * hr;
       if (r < rws) {
         const int dst = hdr[4 + r], h = hdr[20 + r];
-        void* orow;
-        float* lrow;
-        bool half;
-        row_pointers<D>(p, dst, h, orow, lrow, half);
+        float *orow, *lrow;
+        row_pointers<D>(p, dst, h, orow, lrow);
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
 #pragma unroll
-        for (int i = 0; i < kDT; ++i) row_store2<T>(orow, half, i * 8 + 2 * tq, o[i][2 * hr] * inv, o[i][2 * hr + 1] * inv);
+        for (int i = 0; i < kDT; ++i)
+          *reinterpret_cast<float2*>(orow + i * 8 + 2 * tq) = make_float2(o[i][2 * hr] * inv, o[i][2 * hr + 1] * inv);
         if (tq == 0 && lrow != nullptr)
           *lrow = lt > 0.0f ? (m[hr] + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
       }
