@@ -109,6 +109,7 @@ TEST_F(Cli, MalformedTreesAndOptions) {
   expect_error("plan", "give a tree");
   expect_error("gen-tree --random --depth 0", "--depth");
   expect_error("bench --suite paper", "CUDA");  // no GPU here, or (with one) not built: still one line
+  expect_error("bench --suite paper --fasttree-only", "CUDA");  // a known flag: the same device error, not a parse error
 }
 
 TEST_F(Cli, MalformedTensors) {

@@ -78,40 +78,46 @@ void print_trace(const std::vector<uint64_t>& tr) {
       fmt::print("  trace {:<20} {:5d} CTAs  min {:6.2f}  median {:6.2f}  max {:6.2f} us\n", name, v.size(), v.front(),
                  v[v.size() / 2], v.back());
     }
-  // Per-CTA sums: durations in us (ns sums), the tile count, kilocycles of the SM clock (cycle sums).
-  const std::pair<int, const char*> sums[] = {{cuda_detail::kTrConsWaitNs, "consumer full-wait"},
-                                              {cuda_detail::kTrConsTiles, "tiles (count)"},
-                                              {cuda_detail::kTrProdWaitNs, "producer empty-wait"},
-                                              {cuda_detail::kTrProdIssueNs, "producer issuing"},
-                                              {cuda_detail::kTrConsTileCy, "consumer tile kcy"},
-                                              {cuda_detail::kTrProdRecordCy, "prod record kcy"},
-                                              {cuda_detail::kTrProdQCy, "prod Q kcy"},
-                                              {cuda_detail::kTrProdSearchCy, "prod search kcy"},
-                                              {cuda_detail::kTrProdCopyCy, "prod copies kcy"},
-                                              {cuda_detail::kTrProdPublishCy, "prod publish kcy"},
-                                              {cuda_detail::kTrProdTableCy, "table copies kcy"},
-                                              {cuda_detail::kTrProdTableTiles, "table tiles (count)"},
-                                              {cuda_detail::kTrProdTableMinCy, "table tile min kcy"},
-                                              {cuda_detail::kTrProdTableMaxCy, "table tile max kcy"},
-                                              {cuda_detail::kTrProdTableFirstCy, "table first kcy"},
-                                              {cuda_detail::kTrProdPastCy, "past-table copies kcy"},
-                                              {cuda_detail::kTrProdPastN, "past-table tiles (count)"},
-                                              {cuda_detail::kTrProdPartialCy, "partial copies kcy"},
-                                              {cuda_detail::kTrProdPartialN, "partial tiles (count)"},
-                                              {cuda_detail::kTrProdSlowCy, "cross-run copies kcy"},
-                                              {cuda_detail::kTrProdSlowN, "cross-run tiles (count)"},
-                                              {cuda_detail::kTrProdPartialMinCy, "partial tile min kcy"},
-                                              {cuda_detail::kTrProdSlowMinCy, "cross-run tile min kcy"},
-                                              {cuda_detail::kTrProdQRowsCy, "Q row tables kcy"},
-                                              {cuda_detail::kTrProdBoxCy, "box-table copies kcy"},
-                                              {cuda_detail::kTrProdBoxN, "box-table tiles (count)"},
-                                              {cuda_detail::kTrProdBoxMinCy, "box-table tile min kcy"}};
-  for (const auto& [e, name] : sums) {
+  // Per-CTA sums: durations in us (ns sums), counts, kilocycles of the SM clock (cycle sums).
+  struct Sum {
+    int event;
+    const char* name;
+    bool count;  // printed as is, not in thousands
+  };
+  const Sum sums[] = {
+      {cuda_detail::kTrConsWaitNs, "consumer full-wait", false},
+      {cuda_detail::kTrConsTiles, "tiles (count)", true},
+      {cuda_detail::kTrProdWaitNs, "producer empty-wait", false},
+      {cuda_detail::kTrProdIssueNs, "producer issuing", false},
+      {cuda_detail::kTrConsTileCy, "consumer tile kcy", false},
+      {cuda_detail::kTrProdRecordCy, "prod record kcy", false},
+      {cuda_detail::kTrProdQCy, "prod Q kcy", false},
+      {cuda_detail::kTrProdSearchCy, "prod search kcy", false},
+      {cuda_detail::kTrProdCopyCy, "prod copies kcy", false},
+      {cuda_detail::kTrProdPublishCy, "prod publish kcy", false},
+      {cuda_detail::kTrProdTableCy, "table copies kcy", false},
+      {cuda_detail::kTrProdTableTiles, "table tiles (count)", true},
+      {cuda_detail::kTrProdTableMinCy, "table tile min kcy", false},
+      {cuda_detail::kTrProdTableMaxCy, "table tile max kcy", false},
+      {cuda_detail::kTrProdTableFirstCy, "table first kcy", false},
+      {cuda_detail::kTrProdPastCy, "past-table copies kcy", false},
+      {cuda_detail::kTrProdPastN, "past-table tiles (count)", true},
+      {cuda_detail::kTrProdPartialCy, "partial copies kcy", false},
+      {cuda_detail::kTrProdPartialN, "partial tiles (count)", true},
+      {cuda_detail::kTrProdSlowCy, "cross-run copies kcy", false},
+      {cuda_detail::kTrProdSlowN, "cross-run tiles (count)", true},
+      {cuda_detail::kTrProdPartialMinCy, "partial tile min kcy", false},
+      {cuda_detail::kTrProdSlowMinCy, "cross-run tile min kcy", false},
+      {cuda_detail::kTrProdQRowsCy, "Q row tables kcy", false},
+      {cuda_detail::kTrProdBoxCy, "box-table copies kcy", false},
+      {cuda_detail::kTrProdBoxN, "box-table tiles (count)", true},
+      {cuda_detail::kTrProdBoxMinCy, "box-table tile min kcy", false},
+  };
+  for (const auto& [e, name, count] : sums) {
     std::vector<double> v;
     for (int c = 0; c < kCtas; ++c) {
       const uint64_t x = tr[static_cast<size_t>(c) * kEvents + e];
-      if (x != 0) v.push_back(e == cuda_detail::kTrConsTiles || e == cuda_detail::kTrProdTableTiles || e == cuda_detail::kTrProdPastN ||
-                           e == cuda_detail::kTrProdPartialN || e == cuda_detail::kTrProdSlowN || e == cuda_detail::kTrProdBoxN ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
+      if (x != 0) v.push_back(count ? static_cast<double>(x) : 1e-3 * static_cast<double>(x));
     }
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());
