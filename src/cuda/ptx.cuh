@@ -115,32 +115,6 @@ __device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
   return old;
 }
 
-// GPU-scope acquire load / release store of a global int (flags between CTAs of one launch).
-__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(int* addr, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
-}
-
-// Barrier over the `n` CTAs of a grid that are all resident at once, for one thread per CTA (the
-// caller orders its CTA's threads around it with a CTA barrier). bar[0] counts arrivals, bar[1] is a
-// generation that the last arrival advances after resetting bar[0], so the barrier is reusable by
-// the next launch without a memset. Release / acquire at GPU scope: every write that precedes an
-// arrival (this CTA's, through the caller's CTA barrier) is visible to every CTA after the barrier.
-__device__ __forceinline__ void grid_barrier(int* bar, int n) {
-  const int gen = ld_acquire_gpu(bar + 1);  // cannot advance before this CTA arrives
-  if (atom_add_acq_rel_gpu(bar, 1) == n - 1) {
-    *reinterpret_cast<volatile int*>(bar) = 0;  // ordered before the release below
-    st_release_gpu(bar + 1, gen + 1);
-  } else {
-    while (ld_acquire_gpu(bar + 1) == gen) {
-    }
-  }
-}
-
 // Prefetches the 128-byte line holding addr into L2 (no register result, never faults the kernel
 // for a valid address).
 __device__ __forceinline__ void prefetch_l2(const void* addr) {

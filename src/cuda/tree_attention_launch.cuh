@@ -46,28 +46,11 @@ int tree_kernel_prepare(TreeKernelInfo& info, bool deep) {
   return tree_kernel_prepare_variant<DType, D, false>(info);
 }
 
-// A plan with the tail merge (params.tail_bar) is launched cooperatively: its grid barrier needs
-// every CTA resident at once, and a grid that cannot be (fewer SMs available than the occupancy
-// query assumed, e.g. under MPS) then fails to launch instead of hanging.
 template <int DType, int D, bool kDeep>
 int tree_kernel_launch_variant(const TreeAttnParams& params, int grid, CUstream_st* stream) {
   using Cfg = TreeKernelConfig<D, kDeep>;
-  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D, kDeep>;
-  if (params.tail_bar == nullptr) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  tree_attention_kernel<typename DTypeOf<DType>::T, D, kDeep><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
 }
 
 template <int DType, int D>
