@@ -115,17 +115,14 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
   // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the staged warp path
   // with a ring of 3 jobs and 3 warps per CTA (modes 2: 2 jobs, 2 warps). Modes 1 and 3 merge with
   // the wide merge kernel (one CTA per job), modes 2 and 4 with the lane-group one.
-  // Mode 5: the tail merge (every CTA after a grid barrier) with the staged warp path serialized
-  // before the main kernel (at d <= 128), so the merged rows come from both kernels.
-  for (int mode = 0; mode < 6; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     const bool fused = mode == 0;
-    const bool warp_mode = mode == 2 || mode == 4 || mode == 5;
-    if (warp_mode && mode != 5 && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
+    const bool warp_mode = mode == 2 || mode == 4;
+    if (warp_mode && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
     opt.fuse_merge = fused;
     opt.warp_unit_max_kv = warp_mode || (mode == 3 && s.head_dim <= 128) ? (1 << 30) : 0;
     opt.warp_unit_min_units = 0;
-    opt.warp_overlap = mode == 5 ? 0 : 1;  // the warp kernel beside the main kernel (side stream)
-    opt.tail_merge = mode == 5 ? 1 : 0;
+    opt.warp_overlap = 1;  // the warp kernel beside the main kernel (side stream)
     opt.warp_staged = mode == 4 ? 0 : 1;
     opt.warp_stages = mode == 3 ? 3 : 2;
     opt.warp_cta_warps = mode == 3 ? 3 : 2;
@@ -142,8 +139,7 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
                       : mode == 1 ? " [wide merge launch]"
                       : mode == 2 ? " [staged warp-per-unit + merge launch]"
                       : mode == 3 ? " [head-major K/V, wide merge]"
-                      : mode == 4 ? " [register warp-per-unit + merge launch]"
-                                  : " [serialized warp-per-unit + tail merge]";
+                                  : " [register warp-per-unit + merge launch]";
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
     const Errors e = compare(out, lse, ref.out, ref.lse);
@@ -429,8 +425,6 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   CudaRunOptions plain;
   plain.poison_outputs = true;
   plain.warp_unit_max_kv = 0;  // the main kernel only (the warp path is checked below)
-  plain.tail_merge = 0;        // the merge kernel (lane-group variant; the tail merge runs its code)
-  plain.merge_wide = 0;
   cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, base, base_lse, plain);
   EXPECT_LE(compare(base, base_lse, ref.out, ref.lse).out, out_tol(KvDType::kBF16));
   CudaRunOptions graph = plain;
@@ -446,15 +440,11 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   CudaRunOptions fused_rr = plain_repeat;
   fused_rr.fuse_merge = true;
   fused_rr.atomic_scheduler = false;
-  // The tail merge (in the tree kernel, after a grid barrier) runs the lane-group merge kernel's
-  // code: bit-identical too, and repeats / replays reuse its barrier without a reset.
-  CudaRunOptions tail_graph = graph, tail_rr = round_robin;
-  tail_graph.tail_merge = tail_rr.tail_merge = 1;
-  for (const CudaRunOptions& opt : {graph, round_robin, plain_repeat, tail_graph, tail_rr}) {
+  for (const CudaRunOptions& opt : {graph, round_robin, plain_repeat}) {
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
-    EXPECT_EQ(out, base) << "tail merge " << opt.tail_merge;
-    EXPECT_EQ(lse, base_lse) << "tail merge " << opt.tail_merge;
+    EXPECT_EQ(out, base);
+    EXPECT_EQ(lse, base_lse);
   }
   // The fused merge runs the same per-row arithmetic in another kernel: equal up to rounding.
   for (const CudaRunOptions& opt : {fused, fused_rr}) {
@@ -495,15 +485,12 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   // The 2- and 3-stage tree kernels (Q staged in shared memory or read from global memory) run
   // the same arithmetic on the same Q bits: bit-identical, under graph replay too.
   for (const int deep : {0, 1}) {
-    for (const int tail : {0, 1}) {
-      CudaRunOptions opt = graph;
-      opt.deep_ring = deep;
-      opt.tail_merge = tail;
-      std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
-      cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
-      EXPECT_EQ(out, base) << "deep_ring " << deep << " tail merge " << tail;
-      EXPECT_EQ(lse, base_lse) << "deep_ring " << deep << " tail merge " << tail;
-    }
+    CudaRunOptions opt = graph;
+    opt.deep_ring = deep;
+    std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
+    EXPECT_EQ(out, base) << "deep_ring " << deep;
+    EXPECT_EQ(lse, base_lse) << "deep_ring " << deep;
   }
   // lse may be omitted.
   std::vector<float> out(x.q.size(), NAN);
@@ -538,39 +525,6 @@ TEST(CudaAttention, PerRequestBaseline) {
         }
       }
     }
-  }
-}
-
-// CPU-only: when the tree kernel merges in its tail. Forced on or off only where it can run at all;
-// by default only small partial workspaces whose jobs are not merged wide.
-TEST(CudaAttention, TailMergeChoice) {
-  using cuda_detail::TailMergeCase;
-  using cuda_detail::use_tail_merge;
-  TailMergeCase c;
-  c.has_main = c.has_merge = true;
-  c.partial_bytes = 4 << 20;
-  c.max_bytes = 16 << 20;
-  EXPECT_TRUE(use_tail_merge(c));
-  c.partial_bytes = (16 << 20) + 1;
-  EXPECT_FALSE(use_tail_merge(c));
-  c.option = 1;
-  EXPECT_TRUE(use_tail_merge(c));
-  c.option = 0;
-  c.partial_bytes = 1;
-  EXPECT_FALSE(use_tail_merge(c));
-  c.option = -1;
-  c.wide = true;
-  EXPECT_FALSE(use_tail_merge(c));
-  c.wide = false;
-  for (int i = 0; i < 5; ++i) {  // each condition that rules it out, even when forced on
-    TailMergeCase d = c;
-    d.option = 1;
-    if (i == 0) d.has_main = false;
-    if (i == 1) d.has_merge = false;
-    if (i == 2) d.run_merge = false;
-    if (i == 3) d.fused = true;
-    if (i == 4) d.warp_beside = true;
-    EXPECT_FALSE(use_tail_merge(d)) << i;
   }
 }
 

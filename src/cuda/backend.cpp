@@ -121,7 +121,6 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_stages = options.warp_stages;
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.merge_wide = options.merge_wide;
-  opt.tail_merge = options.tail_merge;
   opt.use_tma = options.use_tma;
   opt.deep_ring = options.deep_ring;
   opt.kv_slots = num_slots;
@@ -313,7 +312,6 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   opt.warp_stages = options.warp_stages;
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.run_merge = !options.skip_merge;
-  opt.tail_merge = options.tail_merge;
   opt.use_tma = options.use_tma;
   opt.deep_ring = options.deep_ring;
   opt.kv_slots = num_slots;

@@ -48,7 +48,6 @@ struct CudaRunOptions {
   int warp_stages = -1;          // CudaTreeAttentionOptions::warp_stages
   int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
   int merge_wide = -1;           // CudaTreeAttentionOptions::merge_wide
-  int tail_merge = -1;           // CudaTreeAttentionOptions::tail_merge
   bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
   bool require_tma = false;      // throw unless the run loaded its full tiles by TMA (tma_active())
@@ -91,7 +90,6 @@ struct CudaTimingOptions {
   int warp_staged = -1;          // CudaTreeAttentionOptions::warp_staged
   int warp_stages = -1;          // CudaTreeAttentionOptions::warp_stages
   int warp_cta_warps = -1;       // CudaTreeAttentionOptions::warp_cta_warps
-  int tail_merge = -1;           // CudaTreeAttentionOptions::tail_merge
   int gpu_warmup_ms = 20;        // keep the GPU busy this long first (clocks up); the first call 300 ms
   bool kv_head_major = false;    // K/V pools laid out [Hkv, S, d] (KvLayout::kHeadMajor)
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma

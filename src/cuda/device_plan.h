@@ -202,13 +202,6 @@ struct TreeAttnParams {
   int* merge_count;
   const int32_t* merge_rows;
   const int32_t* orphans;
-  // Tail merge (nullptr: none): after its last unit each CTA meets every other at a grid barrier
-  // (tail_bar: arrivals over all launches, ptx.cuh; the persistent grid is resident at once), then the
-  // consumer warps merge the (non-direct query, head) jobs grid-stride as the separate merge kernel
-  // does, with merge_rows above: no second launch. Exclusive with merge_count.
-  unsigned long long* tail_bar;
-  const int32_t* merge_queries;  // [num_merge]
-  const int32_t* merge_begin;    // [Q + 1]
   int num_qo_heads;
   int num_kv_heads;
   int gqa;

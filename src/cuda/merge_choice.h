@@ -22,21 +22,4 @@ inline bool prefer_wide_merge(int64_t jobs, int64_t rows, int64_t queries, int64
   return wide < narrow;
 }
 
-// Whether an uploaded plan merges its partial rows in the tree kernel's tail (every CTA, after a
-// grid barrier: no second launch) instead of a separate merge kernel. Never without a main-kernel
-// launch or partial rows, with the merge off or fused, or with the warp kernel beside the main one
-// (its partials would not be ordered before the barrier). option 1 / 0 forces it on / off; < 0:
-// when the partial rows (fp32 rows and LSEs) hold at most max_bytes and the plan's jobs are not
-// the few long ones that merge_kernel_wide splits over a CTA (the tail merges a job per lane group).
-struct TailMergeCase {
-  bool has_main = false, has_merge = false, run_merge = true, fused = false, warp_beside = false, wide = false;
-  int option = -1;
-  int64_t partial_bytes = 0, max_bytes = 0;
-};
-inline bool use_tail_merge(const TailMergeCase& c) {
-  if (!c.has_main || !c.has_merge || !c.run_merge || c.fused || c.warp_beside) return false;
-  if (c.option >= 0) return c.option > 0;
-  return c.partial_bytes <= c.max_bytes && !c.wide;
-}
-
 }  // namespace fasttree::cuda_detail

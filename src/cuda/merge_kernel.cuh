@@ -240,27 +240,6 @@ struct MergeJob {
   }
 };
 
-// One warp's share of the (query, head) jobs [0, total): jobs j0, j0 + stride, ... (kJpw at a time,
-// one per lane group; warp-uniform loop), merged as the separate merge kernel does. `job` holds the
-// first one's plan data (MergeJob::load + first_rows, which a caller issues before it waits for the
-// partials: griddep_wait in merge_kernel, the grid barrier of the tree kernel's tail merge).
-template <int D>
-__device__ __forceinline__ void merge_job_loop(const MergeParams& p, MergeJob<D, kMergeStep>& job, int j0, int stride,
-                                               int total, int lane) {
-  constexpr int kLpj = MergeShape<D>::kLpj;
-  const int hq = p.num_qo_heads, k = lane % kLpj;
-  for (const int j_first = j0; j0 < total; j0 += stride) {
-    if (j0 != j_first) {
-      job.load(p, j0 + lane / kLpj, total, hq);
-      job.first_rows(p, 0, job.n);
-    }
-    const MergeState st =
-        merge_rows_online<D, kMergeStep>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
-    if (j0 + lane / kLpj < total)  // active (a job with no rows stores O = 0, LSE = -inf)
-      merge_store<D>(p.out, p.lse, hq, job.q, job.h, k, st.acc, st.sum, st.mx);
-  }
-}
-
 // Every chain of plan loads (counts -> merge_queries -> merge_begin -> merge_rows) for a CTA's first
 // job runs before griddep_wait: as a programmatic dependent, the kernel's CTAs do that while the
 // tree kernel drains, and only the partial rows are read after the wait.
@@ -269,16 +248,26 @@ __global__ void __launch_bounds__(kMergeThreads, kMergeBlocksPerSm) merge_kernel
   constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
   const int hq = p.num_qo_heads;
   const int total = p.counts->num_merge * hq;
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32, k = lane % kLpj;
   const int warp = blockIdx.x * (kMergeThreads / 32) + threadIdx.x / 32;
   const int warps = gridDim.x * (kMergeThreads / 32);
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeStart);
   MergeJob<D, kMergeStep> job;
-  job.load(p, warp * kJpw + lane / kLpj, total, hq);
+  int j0 = warp * kJpw;
+  job.load(p, j0 + lane / kLpj, total, hq);
   job.first_rows(p, 0, job.n);
   griddep_wait();  // launched as a programmatic dependent of the tree kernel: its partials first
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeWaited);
-  merge_job_loop<D>(p, job, warp * kJpw, warps * kJpw, total, lane);
+  for (; j0 < total; j0 += warps * kJpw) {  // warp-uniform
+    if (j0 != warp * kJpw) {
+      job.load(p, j0 + lane / kLpj, total, hq);
+      job.first_rows(p, 0, job.n);
+    }
+    const MergeState st =
+        merge_rows_online<D, kMergeStep>(p.merge_rows, p.partial, p.partial_lse, hq, job.h, job.rb, job.n, k, job.rows);
+    if (j0 + lane / kLpj < total)  // active (a job with no rows stores O = 0, LSE = -inf)
+      merge_store<D>(p.out, p.lse, hq, job.q, job.h, k, st.acc, st.sum, st.mx);
+  }
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceMerge, kTrMergeEnd);
 }
 

@@ -115,31 +115,6 @@ __device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
   return old;
 }
 
-// GPU-scope acquire load / release store of a global int (flags between CTAs of one launch).
-__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(int* addr, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
-}
-
-// Barrier over the `n` CTAs of a grid that are all resident at once, for one thread per CTA (the
-// caller orders its CTA's threads around it with a CTA barrier). *bar counts arrivals over all
-// launches (zero at allocation; 64 bits never wrap): launches on one stream do not overlap, so this
-// launch's arrivals take the values [k n, (k + 1) n) and each CTA waits until the count reaches
-// (k + 1) n. Release / acquire at GPU scope: every write that precedes an arrival (this CTA's,
-// through the caller's CTA barrier) is visible to every CTA after the barrier.
-__device__ __forceinline__ void grid_barrier(unsigned long long* bar, unsigned long long n) {
-  unsigned long long old, v;
-  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;\n" : "=l"(old) : "l"(bar) : "memory");
-  const unsigned long long target = old - old % n + n;  // end of this launch's range
-  do {
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(bar) : "memory");
-  } while (v < target);
-}
-
 // Prefetches the 128-byte line holding addr into L2 (no register result, never faults the kernel
 // for a valid address).
 __device__ __forceinline__ void prefetch_l2(const void* addr) {

@@ -32,7 +32,6 @@ size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // discard) records past them, up to kMaxRecordLook x grid, without waiting for the counts.
 enum Section { kCounts, kRuns, kMergeQueries, kMergeBegin, kMergeRows, kOrphans, kRecords, kNumSections };
 constexpr size_t kSectionAlign = 256;
-constexpr int kCounterInts = 4;  // work counter [2], tail-merge grid barrier (one uint64)
 
 int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
 
@@ -94,9 +93,6 @@ struct CudaTreeAttention::Impl {
   bool merge_pdl = true;      // merge launched as a programmatic dependent of the kernel before it
   int merge_wide_opt = -1;    // resolved merge_wide option (-1: by the plan)
   bool merge_wide = false;    // the uploaded plan merges with merge_kernel_wide
-  int tail_opt = -1;          // resolved tail_merge option (-1: by the plan's partial bytes)
-  int64_t tail_max_bytes = kDefaultTailMergeMaxBytes;
-  bool tail = false;          // the uploaded plan merges in the tree kernel's tail
   bool use_tma = true;        // K/V tiles and consecutive-slot 16-row chunks by TMA (resolved FT_TMA; descriptors permitting)
   // TMA descriptors of the last K/V pools run() saw (re-encoded only when a pointer changes).
   mutable const void* tma_k_base = nullptr;
@@ -114,9 +110,8 @@ struct CudaTreeAttention::Impl {
   cudaEvent_t upload_done = nullptr;
   bool upload_pending = false;
 
-  // Partial-result workspace [rows, Hq, d] + [rows, Hq], the work counter [2] + the tail merge's
-  // grid barrier [2] (kCounterInts) and the fused merge's counters [Q, Hkv] (all counters zero
-  // between launches, the barrier's generation excepted).
+  // Partial-result workspace [rows, Hq, d] + [rows, Hq], the work counter [2] and the fused
+  // merge's counters [Q, Hkv] (all counters zero between launches).
   float* partial = nullptr;
   float* partial_lse = nullptr;
   int64_t partial_cap_rows = 0;
@@ -137,7 +132,7 @@ struct CudaTreeAttention::Impl {
   bool uploaded = false;
   int num_orphans = 0;
   uint64_t epoch = 1;
-  bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false, last_tail = false;
+  bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false;
 
   // Launch sequence of the uploaded plan: fused = one tree-kernel launch that also merges.
   bool fused() const { return options.fuse_merge && options.run_merge && num_units > 0; }
@@ -251,8 +246,6 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
-  m.tail_opt = env_or(options.tail_merge, "FT_TAIL_MERGE", -1);
-  if (const char* kb = std::getenv("FT_TAIL_MAX_KB"); kb != nullptr) m.tail_max_bytes = int64_t{1024} * std::atoll(kb);
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
            "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
   m.warp_min_units = std::max(0, env_or(options.warp_unit_min_units, "FT_WARP_MIN_UNITS", kDefaultWarpUnitMinUnits));
@@ -281,10 +274,10 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
       FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.fork_event, cudaEventDisableTiming));
       FT_CUDA_CHECK(cudaEventCreateWithFlags(&m.join_event, cudaEventDisableTiming));
     }
-    FT_CUDA_CHECK(cudaMalloc(&m.counter, kCounterInts * sizeof(int)));
+    FT_CUDA_CHECK(cudaMalloc(&m.counter, 2 * sizeof(int)));
     // Zero once; the kernel leaves it zero after every launch. Synchronized, because run() may use a
     // stream that does not wait for the legacy default stream.
-    FT_CUDA_CHECK(cudaMemset(m.counter, 0, kCounterInts * sizeof(int)));
+    FT_CUDA_CHECK(cudaMemset(m.counter, 0, 2 * sizeof(int)));
     FT_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (...) {
     m.free_all();
@@ -587,23 +580,9 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   m.uploaded = true;
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
              has_warp = m.num_units > m.num_main_units;
-  const int64_t partial_bytes =
-      static_cast<int64_t>(plan.merge_rows.size()) * sh.num_qo_heads * (sh.head_dim + 1) * static_cast<int64_t>(sizeof(float));
-  TailMergeCase tc;
-  tc.has_main = has_units;
-  tc.has_merge = has_merge;
-  tc.run_merge = m.options.run_merge;
-  tc.fused = m.fused();
-  tc.warp_beside = has_warp && m.warp_overlap;
-  tc.wide = m.merge_wide;
-  tc.option = m.tail_opt;
-  tc.partial_bytes = partial_bytes;
-  tc.max_bytes = m.tail_max_bytes;
-  m.tail = use_tail_merge(tc);
   if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp ||
-      m.merge_wide != m.last_merge_wide || m.tail != m.last_tail)
+      m.merge_wide != m.last_merge_wide)
     ++m.epoch;
-  m.last_tail = m.tail;
   m.last_merge_wide = m.merge_wide;
   m.last_has_units = has_units;
   m.last_has_merge = has_merge;
@@ -634,11 +613,6 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       p.merge_count = m.merge_count;
       p.merge_rows = m.device_section<int32_t>(kMergeRows);
       p.orphans = m.device_section<int32_t>(kOrphans);
-    } else if (m.tail) {
-      p.tail_bar = reinterpret_cast<unsigned long long*>(m.counter + 2);  // 8-byte aligned
-      p.merge_queries = m.device_section<int32_t>(kMergeQueries);
-      p.merge_begin = m.device_section<int32_t>(kMergeBegin);
-      p.merge_rows = m.device_section<int32_t>(kMergeRows);
     }
     p.num_qo_heads = m.shape.num_qo_heads;
     p.num_kv_heads = m.shape.num_kv_heads;
@@ -693,7 +667,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       merge_follows_kernel = true;
     }
   }
-  if (!fused && !m.tail && m.num_merge > 0 && m.options.run_merge) {
+  if (!fused && m.num_merge > 0 && m.options.run_merge) {
     MergeParams mp{};
     mp.counts = m.device_section<DeviceCounts>(kCounts);
     mp.merge_queries = m.device_section<int32_t>(kMergeQueries);

@@ -104,12 +104,6 @@ struct CudaTreeAttentionOptions {
   // the plan's jobs and partial rows per job (cuda/merge_choice.h, prefer_wide_merge). Both run on
   // 8 CTAs per SM (the FT_MERGE_CTAS environment variable overrides it, A/B runs).
   int merge_wide = -1;
-  // 1: partial rows are merged at the end of the tree kernel itself (after a grid barrier, every
-  // CTA's consumer warps take merge jobs: no second launch); 0: by a merge kernel; < 0: the
-  // FT_TAIL_MERGE environment variable if set, else the tail merge for plans whose partial rows hold
-  // at most kDefaultTailMergeMaxBytes (FT_TAIL_MAX_KB overrides, A/B runs). Not with fuse_merge,
-  // nor with the warp kernel beside the main one (warp_overlap).
-  int tail_merge = -1;
   // 1: K/V tiles that lie in one slot run, and the 16-row chunks of other tiles whose slots are
   // consecutive, are loaded by TMA (one copy per 64-column block instead of cp.async per 16
   // bytes); 0: cp.async only; < 0: the FT_TMA environment variable if
@@ -132,7 +126,6 @@ struct CudaTreeAttentionOptions {
   unsigned long long* trace = nullptr;  // S of the head-major layout (> 0 required there; upload() checks slots < S)
 };
 inline constexpr int kDefaultWarpUnitMaxKv = 128;
-inline constexpr int64_t kDefaultTailMergeMaxBytes = int64_t{16} << 20;
 inline constexpr int kDefaultWarpStaged = 1;
 inline constexpr int kDefaultWarpStages = 2;
 inline constexpr int kDefaultWarpCtaWarps = 3;

@@ -10,8 +10,7 @@
 // combines the C column groups of each row through shared memory (LSE-weighted, in the
 // just-consumed stage's K/V space) and writes coalesced float4 rows. Rows go to O[query] (+ LSE)
 // for direct queries, else to partial rows, which the fused merge (merge_tail: the CTA whose piece
-// completes a query merges it), the tail merge (tail_merge: all CTAs after a grid barrier) or the
-// separate merge kernel combines.
+// completes a query merges it) or the separate merge kernel combines.
 // 64-row tiles (R = 4, d <= 128) run instead as one warpgroup on wgmma (compute_wgmma: S with Q
 // from the registers loaded at the unit's first tile and K from the swizzled shared tile, then
 // O += P V with V from shared memory), which reads each K/V tile from shared memory once instead
@@ -474,34 +473,6 @@ struct Consumer {
     }
   }
 
-  // ---- tail merge ---------------------------------------------------------------------------
-
-  // After the CTA's last unit (every consumer thread): the grid barrier orders every CTA's partial
-  // rows before any merge read, then the 4 x gridDim.x consumer warps merge the (non-direct query,
-  // head) jobs grid-stride (merge_job_loop, the separate merge kernel's code; queries without a
-  // partial row get O = 0, LSE = -inf there). The first job's plan data is loaded before the barrier.
-  __device__ void tail_merge() const {
-    constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw, kWarps = Cfg::kConsumerThreads / 32;
-    const MergeParams mp{p.counts, p.merge_queries, p.merge_begin, p.merge_rows, p.partial, p.partial_lse, p.out, p.lse,
-                         p.num_qo_heads, nullptr};
-    const int total = p.counts->num_merge * p.num_qo_heads;
-    const int w = static_cast<int>(blockIdx.x) * kWarps + warp;
-    MergeJob<D, kMergeStep> job;
-    job.load(mp, w * kJpw + lane / kLpj, total, mp.num_qo_heads);
-    job.first_rows(mp, 0, job.n);
-    named_barrier(1, Cfg::kConsumerThreads);  // this CTA's partial stores, before its arrival
-    if (warp == 0 && lane == 0) {
-      trace_mark(p.trace, kTraceMerge, kTrMergeStart);
-      __threadfence();
-      grid_barrier(p.tail_bar, gridDim.x);
-      __threadfence();
-      trace_mark(p.trace, kTraceMerge, kTrMergeWaited);
-    }
-    named_barrier(1, Cfg::kConsumerThreads);
-    merge_job_loop<D>(mp, job, w * kJpw, static_cast<int>(gridDim.x) * kWarps * kJpw, total, lane);
-    if (warp == 0 && lane == 0) trace_mark(p.trace, kTraceMerge, kTrMergeEnd);
-  }
-
   // The mask of a partial tile; with private tokens (priv), column c is private token c + pt.
   __device__ TreeMask tree_mask(int qslot, int row_base, int count, bool priv, int pt) const {
     const uint64_t all = low_bits(count);
@@ -653,7 +624,6 @@ struct Consumer {
       trace_mark(p.trace, kTraceTree, kTrConsumerEnd);
     }
     if (p.merge_count != nullptr) zero_orphans();
-    if (p.tail_bar != nullptr) tail_merge();
   }
 };
 

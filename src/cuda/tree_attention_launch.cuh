@@ -5,8 +5,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "cuda/kernels.h"
 #include "cuda/tree_attention_kernel.cuh"
 #include "cuda/tree_attention_warp.cuh"
@@ -48,32 +46,11 @@ int tree_kernel_prepare(TreeKernelInfo& info, bool deep) {
   return tree_kernel_prepare_variant<DType, D, false>(info);
 }
 
-// A plan with the tail merge (params.tail_bar) is launched cooperatively: its grid barrier needs
-// every CTA resident at once, and a grid that cannot be (fewer SMs available than the occupancy
-// query assumed, e.g. under MPS) then fails to launch instead of hanging.
 template <int DType, int D, bool kDeep>
 int tree_kernel_launch_variant(const TreeAttnParams& params, int grid, CUstream_st* stream) {
   using Cfg = TreeKernelConfig<D, kDeep>;
-  const auto kernel = tree_attention_kernel<typename DTypeOf<DType>::T, D, kDeep>;
-  static const bool coop = [] {
-    const char* e = std::getenv("FT_TAIL_COOP");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
-  if (params.tail_bar == nullptr || !coop) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  tree_attention_kernel<typename DTypeOf<DType>::T, D, kDeep><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
 }
 
 template <int DType, int D>
