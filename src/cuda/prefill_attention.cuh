@@ -31,12 +31,6 @@
 
 namespace fasttree::cuda_detail {
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <int D>
 struct PrefillConfig {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");

@@ -30,6 +30,14 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Closes this thread's cp.asyncs issued since the last commit into a group; cp_async_wait_group<N>
+// waits until at most the N most recent groups are pending (cp.asyncs never committed are in none).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 
 // mbarrier (shared::cta). Arrive has release, try_wait acquire semantics at CTA scope.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {

@@ -45,12 +45,6 @@ struct WarpStagedCfg {
 };
 inline constexpr int kWarpStagedMaxWarps = 4;  // warps per CTA: 1 .. 4
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <class T, int D, int S>
 struct WarpStaged {
   using Cfg = WarpStagedCfg<D, S>;
