@@ -62,7 +62,7 @@ void print_trace(const std::vector<uint64_t>& tr) {
   if (t0 == UINT64_MAX) return;
   // Tree events in time order (cuda/device_plan.h TraceTreeEvent), then the merge's.
   const std::vector<std::pair<int, const char*>> order[2] = {
-      {{0, "tree start"}, {1, "record landed"}, {7, "first record read"}, {8, "first Q issued"}, {9, "first K/V begin"},
+      {{0, "tree start"}, {1, "records landed"}, {7, "first record read"}, {8, "first Q issued"}, {9, "first K/V begin"},
        {10, "first K/V issued"}, {2, "first tile published"}, {3, "first tile arrived"}, {4, "first unit written"},
        {5, "consumers done"}, {6, "producer done"}},
       {{0, "merge start"}, {1, "merge waited"}, {2, "merge done"}}};

@@ -116,7 +116,7 @@ inline constexpr int kTraceEvents = 40;
 enum TraceKind { kTraceTree = 0, kTraceMerge = 1, kTraceKinds = 2 };
 enum TraceTreeEvent {
   kTrStart = 0,        // producer: kernel entry
-  kTrRecords = 1,      // producer: the first unit's block record landed
+  kTrRecords = 1,      // producer: the prologue's block records landed
   kTrFirstIssue = 2,   // producer: the first tile's loads issued
   kTrFirstFull = 3,    // consumer warp 0: the first tile's data arrived (full barrier)
   kTrFirstUnit = 4,    // consumer warp 0: the first unit's rows written

@@ -14,9 +14,6 @@ namespace fasttree::cuda_detail {
 #ifndef FT_TREE_WGMMA  // A/B builds: -DFT_TREE_WGMMA=0 runs every tile on mma.sync (PERF_NOTES.md)
 #define FT_TREE_WGMMA 1
 #endif
-#ifndef FT_WARP_TILES  // A/B builds: -DFT_WARP_TILES=0 splits <= 16-row tiles over the 4 warps by columns
-#define FT_WARP_TILES 1
-#endif
 
 // kDeep (d = 128 only; TreeKernelConfig<D, true> is the plain config at other head dims): the
 // 3-stage variant (kQGlobal below), chosen per backend by GQA ratio (tree_attention.cpp).

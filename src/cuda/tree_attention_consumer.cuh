@@ -63,7 +63,6 @@ struct Consumer {
   // fragment address is a stage base plus one of these plus a compile-time offset.
   uint32_t ko[4], vo[4];
   int head0 = 0, r0g = 0;  // current unit: first query head of its kv head, block row0 % g
-  int unit_tile = 0;       // tiles of the current unit seen so far (every warp sees every tile)
 
   __device__ Consumer(const TreeAttnParams& params, const SmemLayout& smem, int w, int ln)
       : p(params), s(smem), warp(w), lane(ln) {
@@ -488,50 +487,8 @@ struct Consumer {
     return tm;
   }
 
-  // Units of <= 16 rows (R = 1) at d <= 128: tile t of a unit goes whole (16 rows x 64 columns) to
-  // warp t % 4, which runs it alone on mma.sync while the other warps take the next tiles of the
-  // ring; the 4 warps' (m, l, O) are combined once at the unit's end (epilogue_combine, as column
-  // groups would be). Splitting every tile into 4 column groups instead put all 4 warps on one
-  // tile at a time: a 16 x 16 piece per warp, ~1.8 kcycles of dependent mma / softmax latency per
-  // tile (PERF_NOTES.md, session 16). FT_WARP_TILES=0 at compile time restores that split.
-  static constexpr bool kWarpTiles = FT_WARP_TILES && D <= 128;
-
-  __device__ void tile_warp(int stage, int qslot, int count, int rows, bool first, bool last, bool partial, bool priv,
-                            int pt) {
-    unsigned char* kv = s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes;
-    const uint32_t q_base = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
-    const uint32_t k_base = smem_addr(kv);
-    const uint32_t v_base = k_base + kN * D * 2;
-    if (first) {
-      reset();
-      load_q_regs(q_base, qslot, 0, rows);  // every warp: the unit's 16 rows
-      if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
-      unit_tile = 0;
-    }
-    if ((unit_tile & 3) == warp) {
-      const bool own_first = unit_tile < 4;  // this warp's O is still zero
-      if (count == kN && !priv) {
-        compute<kN, true>(q_base, k_base, v_base, 0, 0, count, own_first, TreeMask{});
-      } else {
-        compute<kN, false>(q_base, k_base, v_base, 0, 0, count, own_first, tree_mask(qslot, 0, count, priv, pt));
-      }
-    }
-    ++unit_tile;
-    if (last) {
-      if (unit_tile == 1) {
-        if (warp == 0) epilogue_direct(qslot, 0, rows);  // a one-tile unit: warp 0 holds the rows
-      } else {
-        epilogue_combine<1>(qslot, rows, reinterpret_cast<float*>(kv));
-      }
-    }
-  }
-
   template <int R>
   __device__ void tile(int stage, int qslot, int count, int rows, bool first, bool last, bool partial, bool priv, int pt) {
-    if constexpr (R == 1 && kWarpTiles) {
-      tile_warp(stage, qslot, count, rows, first, last, partial, priv, pt);
-      return;
-    }
     constexpr int C = 4 / R;
     constexpr int NW = kN / C;
     const int row_base = (warp / C) * 16;

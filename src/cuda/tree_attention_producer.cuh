@@ -16,8 +16,7 @@
 // the producer's arrival on the next tile's full barrier, and the producer reads the record only
 // after its empty-barrier wait for that tile or a later one (>= kStages + 1 tiles later), which
 // the consumers release only after the full barrier completed. The first kLook records (issued
-// before the CTA barrier) are one cp.async group each, each awaited (wait_prologue_record) right
-// before it is first read, so the first unit starts when its own record has landed, not all kLook.
+// before the CTA barrier) are awaited with cp.async.wait_all.
 //
 // KV slots: among a unit's first kRecordTiles tiles, a full tile inside one run has its first slot
 // in the record (BlockRecord::tile_slot, from upload) and goes straight to TMA, and a tile whose
@@ -527,29 +526,13 @@ struct Producer {
   // ring (and its unit ids), which nothing else touches before the barrier.
   __device__ void prologue() {
 #pragma unroll
-    for (int seq = 0; seq < Cfg::kLook; ++seq) {
-      issue_record(seq, take(seq), true);
-      cp_async_commit();
-    }
+    for (int seq = 0; seq < Cfg::kLook; ++seq) issue_record(seq, take(seq), true);
     first_claim();
   }
 
-  // Record seq < kLook of the prologue has landed (this lane's copies of it and of the earlier
-  // ones: groups are completed in order), and every lane's copies are visible to the warp.
-  __device__ void wait_prologue_record(int seq) const {
-    static_assert(Cfg::kLook >= 1 && Cfg::kLook <= 5);
-    switch (Cfg::kLook - 1 - seq) {
-      case 4: cp_async_wait_group<4>(); break;
-      case 3: cp_async_wait_group<3>(); break;
-      case 2: cp_async_wait_group<2>(); break;
-      case 1: cp_async_wait_group<1>(); break;
-      default: cp_async_wait_group<0>(); break;
-    }
-    __syncwarp();
-  }
-
   __device__ void run() {
-    wait_prologue_record(0);
+    cp_async_wait_all();  // the prologue's records
+    __syncwarp();
     if (lane == 0) trace_mark(p.trace, kTraceTree, kTrRecords);
     UnitCtx a;
     bool partial = false;  // the current unit writes partial rows
@@ -581,7 +564,6 @@ struct Producer {
       if (t == 0) {  // a new unit: its record has landed (see the header comment)
         const int unit = s.rec_unit[seq % Cfg::kRecSlots];
         if (unit >= num_units) break;
-        if (seq > 0 && seq < Cfg::kLook) wait_prologue_record(seq);
         read_record(a, seq, unit);
         tile_slots = reinterpret_cast<const BlockRecord*>(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * Cfg::kRecSlotBytes)->tile_slot;
         if (FT_TRACE && seq == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstRecord);
