@@ -5,7 +5,7 @@
 // Inputs are uniform in [-1, 1] and rounded to the device dtype BEFORE the reference is computed,
 // so the only differences are fp32 accumulation and the rounding of P to the dtype for P·V.
 // Device outputs (and the partial workspace) are poisoned with NaN before each run, so an unwritten
-// element fails. Every check runs both merge modes (fused into the tree kernel, separate launch).
+// element fails. Every check runs several launch modes (run_and_check).
 // Tolerances (absolute, outputs are averages of values in [-1, 1], |O| <= 1):
 //   out: max |gpu - ref| <= 5e-3 (fp16: P carries 11 bits) or 2e-2 (bf16: 8 bits)
 //   lse: |gpu - ref| <= 1e-3 * max(1, |ref|) (P rounding does not enter the LSE); -inf == -inf.
@@ -103,23 +103,22 @@ struct Reference {
   }
 };
 
-// Runs `plan` on the GPU (poisoned outputs) with the merge fused and separate, and checks each
-// against the reference; returns the worst errors.
+// Runs `plan` on the GPU (poisoned outputs) in each launch mode below and checks each against the
+// reference; returns the worst errors.
 Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, KvDType t, const Tensors& x,
                      const Reference& ref, float scale, const std::string& what, CudaRunOptions opt = {}) {
   opt.poison_outputs = true;
   Errors worst;
-  // Every mode but 1 loads full K/V tiles by TMA. Modes: fused merge; merge launch without and with the warp-per-unit path (every block of <= 16
+  // Every mode but 1 loads full K/V tiles by TMA. Modes: the main kernel alone with the lane-group
+  // merge kernel (0); merge launch without and with the warp-per-unit path (every block of <= 16
   // rows on it, any chunk length, so multi-chunk units and run-window moves are covered too), the
   // latter with the cp.async-staged warp kernel (2) and the register one (4).
   // Mode 3: head-major K/V pools ([Hkv, S, d]): the main kernel and, at d <= 128, the staged warp path
   // with a ring of 3 jobs and 3 warps per CTA (modes 2: 2 jobs, 2 warps). Modes 1 and 3 merge with
   // the wide merge kernel (one CTA per job), modes 2 and 4 with the lane-group one.
   for (int mode = 0; mode < 5; ++mode) {
-    const bool fused = mode == 0;
     const bool warp_mode = mode == 2 || mode == 4;
     if (warp_mode && s.head_dim > 128) continue;  // the warp path has no d = 256 kernel
-    opt.fuse_merge = fused;
     opt.warp_unit_max_kv = warp_mode || (mode == 3 && s.head_dim <= 128) ? (1 << 30) : 0;
     opt.warp_unit_min_units = 0;
     opt.warp_overlap = 1;  // the warp kernel beside the main kernel (side stream)
@@ -135,7 +134,7 @@ Errors run_and_check(const Plan& plan, const KvTree& tree, const AttnShape& s, K
     // Both tree-kernel variants at d = 128 and every GQA ratio: the 3-stage one (Q read from
     // global memory) in modes 0, 2, 4, the 2-stage one (Q staged in shared memory) in 1 and 3.
     opt.deep_ring = mode == 1 || mode == 3 ? 0 : 1;
-    const char* tag = mode == 0   ? " [fused merge]"
+    const char* tag = mode == 0   ? " [main kernel + merge launch]"
                       : mode == 1 ? " [wide merge launch]"
                       : mode == 2 ? " [staged warp-per-unit + merge launch]"
                       : mode == 3 ? " [head-major K/V, wide merge]"
@@ -435,24 +434,11 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   round_robin.repeats = 2;
   CudaRunOptions plain_repeat = plain;
   plain_repeat.repeats = 3;
-  CudaRunOptions fused = graph;
-  fused.fuse_merge = true;
-  CudaRunOptions fused_rr = plain_repeat;
-  fused_rr.fuse_merge = true;
-  fused_rr.atomic_scheduler = false;
   for (const CudaRunOptions& opt : {graph, round_robin, plain_repeat}) {
     std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
     cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
     EXPECT_EQ(out, base);
     EXPECT_EQ(lse, base_lse);
-  }
-  // The fused merge runs the same per-row arithmetic in another kernel: equal up to rounding.
-  for (const CudaRunOptions& opt : {fused, fused_rr}) {
-    std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
-    cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
-    const Errors e = compare(out, lse, base, base_lse);
-    EXPECT_LE(e.out, 1e-6);
-    EXPECT_LE(e.lse, 1e-6);
   }
   // Warp-per-unit path under graph replay and plain repeats (its units take a second kernel),
   // beside the main kernel on a forked side stream (a graph with two parallel branches joined
@@ -513,16 +499,13 @@ TEST(CudaAttention, PerRequestBaseline) {
         const Tensors x(*tree, s, t, 50 + i++);
         const float scale = s.default_sm_scale();
         const Reference ref(*tree, s, x, scale);
-        for (bool fused : {true, false}) {
-          std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
-          CudaRunOptions opt;
-          opt.poison_outputs = true;
-          opt.fuse_merge = fused;
-          cuda_attention_per_request(*tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
-          const Errors e = compare(out, lse, ref.out, ref.lse);
-          EXPECT_LE(e.out, out_tol(t)) << dtype_name(t) << " d=" << s.head_dim << " fused " << fused;
-          EXPECT_LE(e.lse, 1e-3) << dtype_name(t) << " d=" << s.head_dim << " fused " << fused;
-        }
+        std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+        CudaRunOptions opt;
+        opt.poison_outputs = true;
+        cuda_attention_per_request(*tree, s, t, x.q, x.k, x.v, scale, out, lse, opt);
+        const Errors e = compare(out, lse, ref.out, ref.lse);
+        EXPECT_LE(e.out, out_tol(t)) << dtype_name(t) << " d=" << s.head_dim;
+        EXPECT_LE(e.lse, 1e-3) << dtype_name(t) << " d=" << s.head_dim;
       }
     }
   }
@@ -652,9 +635,8 @@ TEST(CudaAttention, PerRequestPlanIsValidOnCpu) {
 }
 
 // Timing on the paper's suite (bench/anchors/h200-paper-suite.csv: 15 trees x 3 head settings,
-// d = 128, fp16 like the anchors), CUDA graph replays with the L2 flushed before each run: fused
-// merge, separate merge launch (the default), separate merge with the static round-robin
-// scheduler, and the default with plain launches. Disabled by default: run with
+// d = 128, fp16 like the anchors), CUDA graph replays with the L2 flushed before each run: the
+// default, the static round-robin scheduler, and the default with plain launches. Disabled by default: run with
 // --gtest_also_run_disabled_tests on a GPU; FT_TIMING_ONLY=text keeps the cells whose
 // "levels|lens" contains text, FT_TIMING_ITERS sets the timed runs (default 30), FT_TIMING_QUICK=1
 // times the default column only, FT_TIMING_MIN_CHUNK / FT_TIMING_SPLIT_WAVES override those
@@ -695,9 +677,9 @@ TEST(CudaAttention, DISABLED_TimingPaperSuite) {
               quick ? " (quick: default column only)" : "");
   std::string line;
   std::getline(csv, line);  // header
-  std::printf("%-44s %5s %7s %7s | %7s %7s %7s %7s | %6s %6s %6s\n", "tree (levels | lens)", "heads", "floor", "anchor",
-              "fused", "sep", "sep_rr", "plain", "TB/s", "x_flr", "x_anc");
-  double log_flr = 0, log_anc = 0, log_fused = 0, log_sep = 0, log_rr = 0;
+  std::printf("%-44s %5s %7s %7s | %7s %7s %7s | %6s %6s %6s\n", "tree (levels | lens)", "heads", "floor", "anchor",
+              "graph", "rr", "plain", "TB/s", "x_flr", "x_anc");
+  double log_flr = 0, log_anc = 0, log_sep = 0, log_rr = 0;
   int n = 0, beat = 0;
   while (std::getline(csv, line)) {
     const std::vector<std::string> f = split_csv_line(line);
@@ -714,35 +696,32 @@ TEST(CudaAttention, DISABLED_TimingPaperSuite) {
     topo.build(tree);
     const TreeStats ts = tree_stats(tree, topo);
     const double floor = floor_us(ts.unique_tokens, ts.sum_path_len, s, 2);
-    auto time = [&](bool fused, bool graph, bool atomic) {
+    auto time = [&](bool graph, bool atomic) {
       CudaTimingOptions opt;
       opt.iters = iters;
       opt.use_graph = graph;
-      opt.fuse_merge = fused;
       opt.atomic_scheduler = atomic;
       return cuda_time_plan(plan, tree, s, KvDType::kF16, opt).median_us;
     };
-    const double t_sep = time(false, true, true);
-    const double t_fused = quick ? t_sep : time(true, true, true), t_rr = quick ? t_sep : time(false, true, false);
-    const double t_plain = quick ? t_sep : time(false, false, true);
-    const double best = std::min({t_fused, t_sep, t_rr});
+    const double t_sep = time(true, true);
+    const double t_rr = quick ? t_sep : time(true, false);
+    const double t_plain = quick ? t_sep : time(false, true);
+    const double best = std::min(t_sep, t_rr);
     const double tbs = kv_bytes(ts.unique_tokens, s, 2) / (best * 1e-6) / 1e12;
-    std::printf("%-44s %2d/%-2d %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f | %6.2f %6.2f %6.2f\n", name.substr(0, 44).c_str(),
-                s.num_qo_heads, s.num_kv_heads, floor, anchor, t_fused, t_sep, t_rr, t_plain, tbs, best / floor, best / anchor);
+    std::printf("%-44s %2d/%-2d %7.1f %7.1f | %7.1f %7.1f %7.1f | %6.2f %6.2f %6.2f\n", name.substr(0, 44).c_str(),
+                s.num_qo_heads, s.num_kv_heads, floor, anchor, t_sep, t_rr, t_plain, tbs, best / floor, best / anchor);
     std::fflush(stdout);
     log_flr += std::log(best / floor);
     log_anc += std::log(best / anchor);
-    log_fused += std::log(t_fused / floor);
     log_sep += std::log(t_sep / floor);
     log_rr += std::log(t_rr / floor);
     beat += best < anchor ? 1 : 0;
     ++n;
   }
   if (n > 0)
-    std::printf("geomean over %d cells: best/floor %.2f, best/anchor %.2f, fused/floor %.2f, separate/floor %.2f, "
-                "separate+rr/floor %.2f; %d cells faster than the best anchor\n",
-                n, std::exp(log_flr / n), std::exp(log_anc / n), std::exp(log_fused / n), std::exp(log_sep / n),
-                std::exp(log_rr / n), beat);
+    std::printf("geomean over %d cells: best/floor %.2f, best/anchor %.2f, default/floor %.2f, round-robin/floor %.2f; "
+                "%d cells faster than the best anchor\n",
+                n, std::exp(log_flr / n), std::exp(log_anc / n), std::exp(log_sep / n), std::exp(log_rr / n), beat);
 }
 
 // One run (default options) on one cell, for a profiler (scripts/gpu_check.sh runs ncu on it).

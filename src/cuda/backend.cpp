@@ -113,7 +113,6 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   }
   CudaTreeAttentionOptions opt;
   opt.atomic_scheduler = options.atomic_scheduler;
-  opt.fuse_merge = options.fuse_merge;
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
   opt.warp_overlap = options.warp_overlap;
@@ -304,7 +303,6 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   FT_CUDA_CHECK(cuda_detail::fill_uniform_launch(dt, dv.ptr, num_slots * hkv * d, 3, st.s));
   CudaTreeAttentionOptions opt;
   opt.atomic_scheduler = options.atomic_scheduler;
-  opt.fuse_merge = options.fuse_merge;
   opt.warp_unit_max_kv = options.warp_unit_max_kv;
   opt.warp_unit_min_units = options.warp_unit_min_units;
   opt.warp_overlap = options.warp_overlap;

@@ -40,7 +40,6 @@ struct CudaRunOptions {
   int repeats = 1;               // run (or replay) this many times; the last result is returned
   bool atomic_scheduler = true;  // false: persistent CTAs take units round-robin
   bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
-  bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units
   int warp_overlap = -1;         // CudaTreeAttentionOptions::warp_overlap
@@ -82,7 +81,6 @@ struct CudaTimingOptions {
   bool use_graph = false;        // time graph replays instead of plain launches
   bool atomic_scheduler = true;
   bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
-  bool fuse_merge = false;       // true: merge partial rows inside the tree kernel
   bool skip_merge = false;       // diagnostics: time the tree kernel without merging partial rows
   int warp_unit_max_kv = -1;     // CudaTreeAttentionOptions::warp_unit_max_kv
   int warp_unit_min_units = -1;  // CudaTreeAttentionOptions::warp_unit_min_units

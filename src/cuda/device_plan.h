@@ -36,17 +36,13 @@ struct BlockDesc {
 static_assert(sizeof(BlockDesc) == 32);
 
 // Per (item, query of its tile): the query id and where its result goes: dst >= 0 is the final
-// output row O[dst] (a direct query), dst < 0 the partial row ~dst (= -dst - 1). For a partial
-// query also its merge list (merge_rows[merge_begin .. merge_begin + n)) and the number of
-// (block, kv head) pieces that write its partial rows per kv head (`expect`: the fused merge's
-// counter target), packed as n | expect << 16.
+// output row O[dst] (a direct query), dst < 0 the partial row ~dst (= -dst - 1), which the merge
+// kernel combines.
 struct QueryInfo {
   int32_t query;
   int32_t dst;
-  int32_t merge_begin;
-  int32_t n_expect;
 };
-static_assert(sizeof(QueryInfo) == 16);
+static_assert(sizeof(QueryInfo) == 8);
 
 // A run of consecutive KV slots: context tokens [token_begin, token_begin + len) of a vnode sit in
 // slots slot .. slot + len - 1.
@@ -91,7 +87,7 @@ inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
 // Records each CTA gathers before it knows the unit count (TreeKernelConfig::kLook <= this): the
 // record array has at least kMaxRecordLook x grid entries.
 inline constexpr int kMaxRecordLook = 5;
-static_assert(kRecordBytes == 2080 && kRecordBytes % 16 == 0);
+static_assert(kRecordBytes == 1568 && kRecordBytes % 16 == 0);
 // The kernel's record slots may drop the tile table (TreeKernelConfig::kRecSlotBytes): it is last.
 inline constexpr int kRecordTableBytes = static_cast<int>(sizeof(BlockRecord::tile_slot) + sizeof(BlockRecord::tile_box));
 static_assert(offsetof(BlockRecord, tile_slot) + kRecordTableBytes == sizeof(BlockRecord));
@@ -100,8 +96,7 @@ static_assert(offsetof(BlockRecord, tile_slot) + kRecordTableBytes == sizeof(Blo
 // plan is uploaded into the same buffers.
 struct DeviceCounts {
   int32_t num_units;      // units of the main tree kernel: [0, num_units)
-  int32_t num_merge;      // non-direct queries
-  int32_t num_orphans;    // non-direct queries with no partial row (empty paths: O = 0, LSE = -inf)
+  int32_t num_merge;      // non-direct queries (those with no partial row, empty paths, get O = 0, LSE = -inf)
   int32_t num_all_units;  // blocks x kv heads; [num_units, num_all_units) run on the warp-per-unit kernel
 };
 
@@ -196,12 +191,6 @@ struct TreeAttnParams {
   // Work counter [2] (claims, CTAs done), zero at launch; the last CTA to finish resets it for the
   // next launch. nullptr = static round-robin over units.
   int* work_counter;
-  // Fused merge (nullptr: partial rows are merged by the separate merge kernel): counters
-  // [Q, Hkv] (zero at launch, reset by the CTA that merges), the merge lists, and the orphan
-  // queries [num_orphans] that get O = 0, LSE = -inf.
-  int* merge_count;
-  const int32_t* merge_rows;
-  const int32_t* orphans;
   int num_qo_heads;
   int num_kv_heads;
   int gqa;

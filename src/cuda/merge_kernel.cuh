@@ -5,15 +5,13 @@
 // all empty (lse = -inf), gets out = 0 and lse = -inf; empty rows contribute nothing and never
 // produce NaN.
 //
-// merge_group: a group of kLpj = D / 8 lanes merges one job; a warp runs 32 / kLpj jobs at once.
-// Lane k of a group owns float4 columns k and k + kLpj of the row. Rows are consumed 8 at a time,
-// all 8 x 2 float4 loads issued before the first use, so a warp keeps 16 independent L2 loads per
-// lane in flight. Partials are read with ld.global.cg (L2): in the fused merge other CTAs wrote
-// them during this launch, and L1 is not coherent.
-//
-// merge_rows_online (the separate merge kernels'): one pass with a running maximum, 8 rows' LSEs
-// and data loaded together, the next rows' ids prefetched: fewer dependent L2 round trips for
-// queries with many partial rows (PERF_NOTES.md).
+// A group of kLpj = D / 8 lanes merges one job; lane k of a group owns float4 columns k and
+// k + kLpj of the row. merge_rows_online: one pass with a running maximum, kMergeStep rows' LSEs
+// and data loaded together, the next rows' ids prefetched: few dependent L2 round trips for
+// queries with many partial rows (PERF_NOTES.md). Partials are read with ld.global.cg (L2).
+// (A merge fused into the tree kernel, by the CTA that wrote a query's last piece, was measured
+// slower on every cell in every round and removed; so was a merge in the tree kernel's tail after
+// a grid barrier: PERF_NOTES.md.)
 //
 // merge_kernel: the separate launch, grid-stride over (non-direct query, head) jobs. It may be
 // launched as a programmatic dependent of the tree kernel (merge_kernel_launch pdl = true): its CTAs
@@ -64,78 +62,6 @@ __device__ __forceinline__ void merge_store(float* out, float* lse, int hq, int 
   if (k == 0 && lse != nullptr) lse[static_cast<int64_t>(q) * hq + h] = sum > 0.0f ? mx + logf(sum) : __int_as_float(0xff800000);
 }
 
-// One job per lane group (see the header comment). Every lane of the warp must call it; `active`
-// false: the group does nothing visible (its loads touch partial row 0, which exists).
-template <int D>
-__device__ __forceinline__ void merge_group(const int32_t* __restrict__ merge_rows, const float* partial,
-                                            const float* partial_lse, float* out, float* lse, int hq, bool active,
-                                            int q, int h, int rb, int n, int lane) {
-  constexpr int kLpj = MergeShape<D>::kLpj;
-  constexpr int kStep = MergeShape<D>::kStep;
-  constexpr unsigned kAll = 0xffffffffu;
-  const float ninf = __int_as_float(0xff800000);
-  const int k = lane % kLpj;
-  const int gbase = lane - k;
-  if (!active) n = 0;
-  const int nmax = __reduce_max_sync(kAll, static_cast<unsigned>(n));
-  // Pass 1: max LSE. Rows [c0, c0 + kLpj) are held one per lane; the first chunk is kept.
-  int r0 = 0;
-  float l0 = ninf;
-  if (k < n) {
-    r0 = __ldg(merge_rows + rb + k);
-    l0 = __ldcg(partial_lse + static_cast<int64_t>(r0) * hq + h);
-  }
-  float mx = l0;
-  for (int c0 = kLpj; c0 < nmax; c0 += kLpj) {
-    const int i = c0 + k;
-    if (i < n) mx = fmaxf(mx, __ldcg(partial_lse + static_cast<int64_t>(__ldg(merge_rows + rb + i)) * hq + h));
-  }
-#pragma unroll
-  for (int off = kLpj / 2; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, off));
-  const float mu = mx == ninf ? 0.0f : mx;
-  // Pass 2: weighted sum.
-  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-  float sum = 0.0f;
-  for (int c0 = 0; c0 < nmax; c0 += kLpj) {
-    const int i = c0 + k;
-    int r = r0;
-    float l = l0;
-    if (c0 > 0) {
-      r = 0;
-      l = ninf;
-      if (i < n) {
-        r = __ldg(merge_rows + rb + i);
-        l = __ldcg(partial_lse + static_cast<int64_t>(r) * hq + h);
-      }
-    }
-    const float w = exp2f((l - mu) * 1.4426950408889634f);  // lse = -inf (or no row) -> 0
-    sum += w;
-#pragma unroll
-    for (int s0 = 0; s0 < kLpj; s0 += kStep) {
-      if (c0 + s0 < nmax) {  // warp-uniform
-        float4 x[kStep][2];
-        float wj[kStep];
-#pragma unroll
-        for (int j = 0; j < kStep; ++j) {
-          wj[j] = __shfl_sync(kAll, w, gbase + s0 + j);
-          const int rj = __shfl_sync(kAll, r, gbase + s0 + j);
-          const float4* src = reinterpret_cast<const float4*>(partial + (static_cast<int64_t>(rj) * hq + h) * D);
-          x[j][0] = __ldcg(src + k);
-          x[j][1] = __ldcg(src + k + kLpj);
-        }
-#pragma unroll
-        for (int j = 0; j < kStep; ++j) {
-          const float wt = wj[j];
-          add_weighted(acc, wt, x[j]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int off = kLpj / 2; off >= 1; off >>= 1) sum += __shfl_xor_sync(kAll, sum, off);
-  if (active) merge_store<D>(out, lse, hq, q, h, k, acc, sum, mx);
-}
-
 // Running state of an online merge over some partial rows of one job: Σ w_r x_r (this lane's two
 // float4), Σ w_r and the max LSE m, with w_r = 2^((lse_r - m) log2 e).
 struct MergeState {
@@ -143,14 +69,11 @@ struct MergeState {
   float sum, mx;
 };
 
-// merge_rows_online: the separate merge kernel's version of merge_group (same contract), in one
-// pass with a running maximum (no separate max pass): rows are taken kStep at a time; every lane of
+// merge_rows_online: rows are taken kStep at a time (one pass with a running maximum); every lane of
 // the group loads the step's row ids (broadcast), their LSEs and its two float4 of each row
 // together, so a step costs one dependent L2 round trip after its row ids, and the next step's row
 // ids are loaded while this step's data is in flight. On a new maximum m' the sums are rescaled by
 // 2^(m - m'); rows with lse = -inf (or beyond n) weigh 0 and are skipped without multiplying.
-// (~100 registers: the fused merge inside the tree kernel keeps the two-pass merge_group, whose
-// smaller footprint does not make the tree kernel spill.)
 // It merges rows merge_rows[rb .. rb + n) into a MergeState (not yet normalized; lane k of its
 // group of kLpj lanes holds float4 columns k and k + kLpj).
 // The row ids of the first step (merge_rows[rb .. rb + min(n, kStep)), -1 beyond n): plan data,

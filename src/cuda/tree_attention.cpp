@@ -30,7 +30,7 @@ size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Sections of the device plan arena, in arena order.
 // Records last: upload() copies the arena up to the records in use, and the kernel may read (and
 // discard) records past them, up to kMaxRecordLook x grid, without waiting for the counts.
-enum Section { kCounts, kRuns, kMergeQueries, kMergeBegin, kMergeRows, kOrphans, kRecords, kNumSections };
+enum Section { kCounts, kRuns, kMergeQueries, kMergeBegin, kMergeRows, kRecords, kNumSections };
 constexpr size_t kSectionAlign = 256;
 
 int kernel_dtype(KvDType t) { return t == KvDType::kF16 ? kDTypeF16 : kDTypeBF16; }
@@ -110,17 +110,15 @@ struct CudaTreeAttention::Impl {
   cudaEvent_t upload_done = nullptr;
   bool upload_pending = false;
 
-  // Partial-result workspace [rows, Hq, d] + [rows, Hq], the work counter [2] and the fused
-  // merge's counters [Q, Hkv] (all counters zero between launches).
+  // Partial-result workspace [rows, Hq, d] + [rows, Hq] and the work counter [2] (zero between
+  // launches).
   float* partial = nullptr;
   float* partial_lse = nullptr;
   int64_t partial_cap_rows = 0;
   int* counter = nullptr;
-  int* merge_count = nullptr;
-  int64_t merge_count_cap = 0;
 
   // Host scratch of upload(), reused: run length at each tree.slots index, runs per vnode (CSR),
-  // pieces per query.
+  // partial pieces per query (upload's consistency check).
   std::vector<int32_t> run_len, vnode_run_begin, pieces;
 
   // Uploaded plan.
@@ -130,12 +128,8 @@ struct CudaTreeAttention::Impl {
   int num_merge = 0;
   int64_t num_partial_rows = 0;
   bool uploaded = false;
-  int num_orphans = 0;
   uint64_t epoch = 1;
   bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false;
-
-  // Launch sequence of the uploaded plan: fused = one tree-kernel launch that also merges.
-  bool fused() const { return options.fuse_merge && options.run_merge && num_units > 0; }
 
   void free_all() {
     if (upload_pending && upload_done != nullptr) (void)cudaEventSynchronize(upload_done);
@@ -144,7 +138,6 @@ struct CudaTreeAttention::Impl {
     if (partial != nullptr) (void)cudaFree(partial);
     if (partial_lse != nullptr) (void)cudaFree(partial_lse);
     if (counter != nullptr) (void)cudaFree(counter);
-    if (merge_count != nullptr) (void)cudaFree(merge_count);
     if (upload_done != nullptr) (void)cudaEventDestroy(upload_done);
     if (fork_event != nullptr) (void)cudaEventDestroy(fork_event);
     if (join_event != nullptr) (void)cudaEventDestroy(join_event);
@@ -195,18 +188,6 @@ struct CudaTreeAttention::Impl {
     partial_cap_rows = cap_rows;
     ++epoch;
   }
-
-  // Fused-merge counters for n = Q x Hkv entries, zeroed on (re)allocation on `stream`.
-  void reserve_merge_counts(int64_t n, CUstream_st* stream) {
-    if (n <= merge_count_cap && merge_count != nullptr) return;
-    const int64_t cap = std::max<int64_t>(n + n / 4 + 64, merge_count_cap);
-    if (merge_count != nullptr) FT_CUDA_CHECK(cudaFree(merge_count));
-    merge_count = nullptr;
-    FT_CUDA_CHECK(cudaMalloc(&merge_count, static_cast<size_t>(cap) * sizeof(int)));
-    FT_CUDA_CHECK(cudaMemsetAsync(merge_count, 0, static_cast<size_t>(cap) * sizeof(int), stream));
-    merge_count_cap = cap;
-    ++epoch;
-  }
 };
 
 CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, float sm_scale,
@@ -239,9 +220,8 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   const int per_sm = want_main > 0 ? std::min(want_main, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
   m.grid = m.num_sms * per_sm;
   m.merge_grid = m.num_sms * std::max(1, env_or(-1, "FT_MERGE_CTAS", 8));
-  if (!options.fuse_merge && env_or(-1, "FT_FUSE_MERGE", 0) != 0) m.options.fuse_merge = options.fuse_merge = true;
   m.warp_max_kv = env_or(options.warp_unit_max_kv, "FT_WARP_UNITS", kDefaultWarpUnitMaxKv);
-  if (options.fuse_merge || shape.head_dim > 128) m.warp_max_kv = 0;
+  if (shape.head_dim > 128) m.warp_max_kv = 0;
   m.warp_overlap = m.warp_max_kv > 0 && env_or(options.warp_overlap, "FT_WARP_OVERLAP", 0) != 0;
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
@@ -380,7 +360,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   }
   FT_CHECK(num_blocks * sh.num_kv_heads < (int64_t{1} << 31) && num_qinfo < (int64_t{1} << 31),
            "CUDA upload: the plan has more than 2^31 units");
-  int64_t num_merge = 0, num_orphans = 0;
+  int64_t num_merge = 0;
   for (int q = 0; q < nq; ++q) {
     if (plan.query_direct[q]) continue;
     ++num_merge;
@@ -388,7 +368,6 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     FT_CHECK((n == 0) == (m.pieces[q] == 0) && n <= 0xffff && m.pieces[q] <= 0x7fff,
              "CUDA upload: query " + str(q) + " has " + str(n) + " merge rows but " + str(m.pieces[q]) +
                  " partial pieces (both must be zero or both in 1..32767)");
-    num_orphans += n == 0 ? 1 : 0;
   }
 
   // Runs of consecutive slots: run_len[i] = length of the consecutive run of tree.slots from i;
@@ -474,10 +453,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   m.used[kMergeQueries] = static_cast<size_t>(num_merge) * sizeof(int32_t);
   m.used[kMergeBegin] = plan.merge_begin.size() * sizeof(int32_t);
   m.used[kMergeRows] = plan.merge_rows.size() * sizeof(int32_t);
-  m.used[kOrphans] = static_cast<size_t>(num_orphans) * sizeof(int32_t);
   m.reserve_sections();
   m.reserve_partials(rows_cap);
-  m.reserve_merge_counts(static_cast<int64_t>(nq) * sh.num_kv_heads, stream);
 
   // Pack.
   DeviceRun* runs = m.host_section<DeviceRun>(kRuns);
@@ -536,14 +513,12 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile
         const int32_t q = plan.vnode_queries[it.q_begin + j];
-        QueryInfo info{q, q, 0, 0};
+        QueryInfo info{q, q};
         if (!plan.query_direct[q]) {
           const int64_t row = static_cast<int64_t>(it.out_row) + j;
           FT_CHECK(it.out_row >= 0 && row < rows_cap, "CUDA upload: item " + str(static_cast<int64_t>(i)) +
                                                           " writes partial row " + str(row) + " out of range");
           info.dst = ~static_cast<int32_t>(row);
-          info.merge_begin = plan.merge_begin[q];
-          info.n_expect = (plan.merge_begin[q + 1] - plan.merge_begin[q]) | (m.pieces[q] << 16);
         }
         rec.rows[r] = info;
       }
@@ -552,14 +527,10 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   }
   DeviceCounts* counts = m.host_section<DeviceCounts>(kCounts);
   *counts = DeviceCounts{static_cast<int32_t>(num_main_blocks * sh.num_kv_heads), static_cast<int32_t>(num_merge),
-                         static_cast<int32_t>(num_orphans), static_cast<int32_t>(num_blocks * sh.num_kv_heads)};
+                         static_cast<int32_t>(num_blocks * sh.num_kv_heads)};
   int32_t* mq = m.host_section<int32_t>(kMergeQueries);
-  int32_t* orphans = m.host_section<int32_t>(kOrphans);
-  for (int q = 0, k = 0, o = 0; q < nq; ++q) {
-    if (plan.query_direct[q]) continue;
-    mq[k++] = q;
-    if (plan.merge_begin[q + 1] == plan.merge_begin[q]) orphans[o++] = q;
-  }
+  for (int q = 0, k = 0; q < nq; ++q)
+    if (!plan.query_direct[q]) mq[k++] = q;
   std::memcpy(m.host_section<void>(kMergeBegin), plan.merge_begin.data(), m.used[kMergeBegin]);
   if (!plan.merge_rows.empty()) std::memcpy(m.host_section<void>(kMergeRows), plan.merge_rows.data(), m.used[kMergeRows]);
 
@@ -575,7 +546,6 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   m.merge_wide = m.merge_wide_opt >= 0 ? m.merge_wide_opt != 0
                                        : prefer_wide_merge(num_merge * sh.num_qo_heads, static_cast<int64_t>(plan.merge_rows.size()),
                                                            num_merge, m.merge_grid, sh.head_dim);
-  m.num_orphans = static_cast<int>(num_orphans);
   m.num_partial_rows = rows_cap;
   m.uploaded = true;
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
@@ -593,7 +563,6 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
                             CUstream_st* stream) const {
   const Impl& m = *impl_;
   FT_CHECK(m.uploaded, "CudaTreeAttention::run before upload");
-  const bool fused = m.fused();
   bool merge_follows_kernel = false;  // the merge is enqueued right after a kernel on `stream`
   if (m.num_units > 0) {
     TreeAttnParams p{};
@@ -609,11 +578,6 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
     p.runs = m.device_section<DeviceRun>(kRuns);
     p.work_counter = m.options.atomic_scheduler ? m.counter : nullptr;
     p.trace = m.options.trace;
-    if (fused) {
-      p.merge_count = m.merge_count;
-      p.merge_rows = m.device_section<int32_t>(kMergeRows);
-      p.orphans = m.device_section<int32_t>(kOrphans);
-    }
     p.num_qo_heads = m.shape.num_qo_heads;
     p.num_kv_heads = m.shape.num_kv_heads;
     p.gqa = m.shape.gqa();
@@ -667,7 +631,7 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       merge_follows_kernel = true;
     }
   }
-  if (!fused && m.num_merge > 0 && m.options.run_merge) {
+  if (m.num_merge > 0 && m.options.run_merge) {
     MergeParams mp{};
     mp.counts = m.device_section<DeviceCounts>(kCounts);
     mp.merge_queries = m.device_section<int32_t>(kMergeQueries);

@@ -15,8 +15,8 @@
 // workspace; both only grow (no allocation once they fit the largest plan seen). upload() packs the
 // plan into pinned host memory (cutting its segments into runs of consecutive KV slots) and copies
 // it with one asynchronous memcpy on the given stream; the next upload() waits for that copy.
-// run() enqueues the tree kernel (with the merge fused in, by default) or tree kernel -> merge
-// kernel, with counts read from device memory; the kernels leave their counters at zero for the
+// run() enqueues the tree kernel, then (for plans with partial rows) the merge kernel as its
+// programmatic dependent, with counts read from device memory; the kernels leave their counters at zero for the
 // next launch, so there is no memset. run() never allocates or synchronizes, so it can be
 // captured in a CUDA graph, and a graph captured once stays valid across uploads as long as
 // graph_epoch() is unchanged (it changes when buffers move or the launch sequence changes).
@@ -60,14 +60,10 @@ struct CudaTreeAttentionOptions {
   bool bulk_copy = false;        // ignored: the copy-engine row-gather variant was removed (slower
                                  // than cp.async on H200; src/cuda/PERF_NOTES.md)
   bool run_merge = true;         // false (diagnostics only): partial rows are not merged
-  bool fuse_merge = false;       // merge partial rows inside the tree kernel (the CTA that writes a
-                                 // query's last piece merges it) instead of a separate merge launch;
-                                 // slower on every cell of the paper suite (PERF_NOTES.md); the
-                                 // FT_FUSE_MERGE=1 environment variable forces it (A/B runs)
   // Warp-per-unit path (tree_attention_warp.cuh): blocks of <= 16 rows whose chunk has at most this
   // many tokens run one unit per warp on a second kernel (beside the main one: warp_overlap). 0 = off;
   // < 0 = the FT_WARP_UNITS environment variable if set, else kDefaultWarpUnitMaxKv. head_dim 64 and
-  // 128 only; ignored with fuse_merge.
+  // 128 only.
   int warp_unit_max_kv = -1;
   // The warp path is used for a plan only when it has at least this many eligible units (fewer
   // short units overlap the main kernel's long ones better than a second, serialized launch:

@@ -45,10 +45,10 @@ struct TreeKernelConfig {
   // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kQSlots][kM][D] T, block
   // records [kRecSlots] BlockRecord, their unit ids [kRecSlots] int32 (padded to 16 bytes), row
   // tables [kRowTables][kStages][kM] int32 (RowTable), TileMeta [kStages], combine (m, l)
-  // [4 warps][16 rows] float2, merge flags [kM] int32, mbarriers full/empty [kStages].
+  // [4 warps][16 rows] float2, mbarriers full/empty [kStages].
   // d = 64 has no head table (two CTAs per SM would not fit): heads are computed from row0 % g.
   static constexpr bool kHeadTable = D >= 128;
-  static constexpr int kRowTables = kHeadTable ? 6 : 5;
+  static constexpr int kRowTables = kHeadTable ? 4 : 3;
   static constexpr int kKvStageBytes = 2 * kN * D * 2;
   static constexpr int kQSlotBytes = kM * D * 2;
   static constexpr int kQOff = kStages * kKvStageBytes;
@@ -57,8 +57,7 @@ struct TreeKernelConfig {
   static constexpr int kRowOff = kRecUnitOff + (kRecSlots * 4 + 15) / 16 * 16;
   static constexpr int kMetaOff = kRowOff + kRowTables * kStages * kM * 4;
   static constexpr int kMlOff = kMetaOff + kStages * 16;
-  static constexpr int kFlagOff = kMlOff + 4 * 16 * 8;
-  static constexpr int kBarOff = kFlagOff + kM * 4;
+  static constexpr int kBarOff = kMlOff + 4 * 16 * 8;
   // + 1 KB: the kernel aligns its shared-memory base to 1024 bytes (swizzled wgmma tiles).
   static constexpr int kSmemBytes = kBarOff + 2 * kStages * 8 + 1024;
   static_assert(kKvStageBytes % 1024 == 0 && kQOff % 1024 == 0 && kQSlotBytes % 1024 == 0);
@@ -68,11 +67,11 @@ struct TreeKernelConfig {
   static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024);
 };
 
-// Row tables of a Q slot, written by the producer from QueryInfo, read by the consumers' epilogue
-// and fused merge: table t of Q slot qs is row_tab + (t * kStages + qs) * kM.
+// Row tables of a Q slot, written by the producer from QueryInfo, read by the consumers (Q rows,
+// masks, epilogue): table t of Q slot qs is row_tab + (t * kStages + qs) * kM.
 // kRowPriv: the row's private interval [lo, hi) packed lo | hi << 16 (tree_attention_consumer.cuh).
 // kRowHead (the row's query head) exists when TreeKernelConfig::kHeadTable.
-enum RowTable { kRowDst = 0, kRowPriv = 1, kRowQuery = 2, kRowMergeBegin = 3, kRowNExpect = 4, kRowHead = 5 };
+enum RowTable { kRowDst = 0, kRowPriv = 1, kRowQuery = 2, kRowHead = 3 };
 
 // Element offset of (row, col) in a shared [rows][D] tile of 16-bit elements whose 16-byte chunks
 // are XOR-swizzled by row % 8, so every ldmatrix phase reads 8 distinct bank groups (row pitch D;
@@ -92,12 +91,12 @@ __device__ __forceinline__ int swz64(int row, int col) {
 }
 
 // TileMeta as stored in shared memory (one int4): unit (-1 = no more work), valid tokens, block
-// rows | (row0 % g) << 8 | kv head << 16 (row r's query head is kvh * g + (row0 % g + r) % g), flags = first | last << 1 | partial << 2 | priv << 3 | row_groups << 4 | q_slot << 8 |
-// (pt + 64) << 16 (partial: some row of the block writes a partial row; priv: the tile holds
-// private tokens, and pt = the tile's first token minus the block's shared_len, >= -63, so that
-// tile column c is private token c + pt and the first max(0, -pt) columns are shared).
+// rows | (row0 % g) << 8 | kv head << 16 (row r's query head is kvh * g + (row0 % g + r) % g), flags = first | last << 1 | priv << 3 | row_groups << 4 | q_slot << 8 |
+// (pt + 64) << 16 (priv: the tile holds private tokens, and pt = the tile's first token minus the
+// block's shared_len, >= -63, so that tile column c is private token c + pt and the first
+// max(0, -pt) columns are shared).
 struct TileMetaBits {
-  static constexpr int kFirst = 1, kLast = 2, kPartial = 4, kPriv = 8;
+  static constexpr int kFirst = 1, kLast = 2, kPriv = 8;
 };
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -193,7 +192,6 @@ struct SmemLayout {
   int* row_tab;       // [kRowTables][kStages][kM]
   int4* meta;         // [kStages]
   float2* ml;         // [4][16]
-  int* merge_flag;    // [kM]
   uint64_t* full;     // [kStages]
   uint64_t* empty;    // [kStages]
 };

@@ -9,8 +9,7 @@
 // After a unit's last tile: R = 4 writes the normalized rows straight from registers; R < 4 first
 // combines the C column groups of each row through shared memory (LSE-weighted, in the
 // just-consumed stage's K/V space) and writes coalesced float4 rows. Rows go to O[query] (+ LSE)
-// for direct queries, else to partial rows, which the fused merge (merge_tail: the CTA whose piece
-// completes a query merges it) or the separate merge kernel combines.
+// for direct queries, else to partial rows, which the merge kernel (merge_kernel.cuh) combines.
 // 64-row tiles (R = 4, d <= 128) run instead as one warpgroup on wgmma (compute_wgmma: S with Q
 // from the registers loaded at the unit's first tile and K from the swizzled shared tile, then
 // O += P V with V from shared memory), which reads each K/V tile from shared memory once instead
@@ -18,7 +17,6 @@
 // and private tokens) and epilogue follow, since the wgmma accumulator layout per warp is the
 // mma.sync one.
 #pragma once
-#include "cuda/merge_kernel.cuh"
 #include "cuda/tree_attention_common.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -395,84 +393,6 @@ struct Consumer {
     }
   }
 
-  // ---- fused merge --------------------------------------------------------------------------
-
-  // Row r of Q slot qslot is the first row of its query inside this block and writes a partial row.
-  __device__ bool first_partial_row(int qslot, int r) const {
-    const int dst = row_tab(kRowDst, qslot, r);
-    return dst < 0 && (r == 0 || row_tab(kRowDst, qslot, r - 1) != dst);
-  }
-
-  // At a unit's first tile: pull the merge lists of its partial queries into L2, so that the merge
-  // (if this CTA ends up doing it) starts on L2 hits.
-  __device__ void prefetch_merge_lists(int qslot, int rows) const {
-    const int tid = warp * 32 + lane;
-    if (tid < rows && first_partial_row(qslot, tid))
-      prefetch_l2(p.merge_rows + row_tab(kRowMergeBegin, qslot, tid));
-  }
-
-  // After the unit's rows are stored (all 128 consumer threads): one thread per partial query of
-  // the block counts this (block, kv head) piece in merge_count[query, kvh]; the CTA that brings a
-  // counter to its target (n_expect >> 16) merges that query's g heads of kv head kvh and resets the
-  // counter for the next launch. Ordering: the barrier puts every thread's partial stores before
-  // the counting thread's release (acq_rel atomic at GPU scope); the merging CTA's acquire plus the
-  // second barrier put the other CTAs' stores before its L2 reads (merge_group).
-  __device__ void merge_tail(int qslot, int rows, int kvh) {
-    const int tid = warp * 32 + lane;
-    named_barrier(1, Cfg::kConsumerThreads);
-    if (tid < Cfg::kM) {
-      int flag = -1;
-      if (tid < rows && first_partial_row(qslot, tid)) {
-        const int q = row_tab(kRowQuery, qslot, tid);
-        const int expect = static_cast<uint32_t>(row_tab(kRowNExpect, qslot, tid)) >> 16;
-        int* ctr = p.merge_count + static_cast<int64_t>(q) * p.num_kv_heads + kvh;
-        if (atom_add_acq_rel_gpu(ctr, 1) == expect - 1) {
-          *reinterpret_cast<volatile int*>(ctr) = 0;
-          flag = tid;
-        }
-      }
-      s.merge_flag[tid] = flag;
-    }
-    named_barrier(1, Cfg::kConsumerThreads);
-    const uint32_t b0 = __ballot_sync(kFullMask, s.merge_flag[lane] >= 0);
-    const uint32_t b1 = __ballot_sync(kFullMask, s.merge_flag[32 + lane] >= 0);
-    const int c0 = __popc(b0);
-    const int njobs = (c0 + __popc(b1)) * p.gqa;  // (flagged query, head in group), same in every warp
-    constexpr int kLpj = MergeShape<D>::kLpj, kJpw = MergeShape<D>::kJpw;
-    for (int j0 = 0; j0 < njobs; j0 += 4 * kJpw) {
-      const int job = j0 + warp * kJpw + lane / kLpj;
-      const bool active = job < njobs;
-      int q = 0, h = 0, rb = 0, n = 0;
-      if (active) {
-        const int fi = job / p.gqa;
-        // Row of the fi-th flagged query: the fi-th set bit of b1:b0.
-        uint32_t m = fi < c0 ? b0 : b1;
-        for (int i = fi < c0 ? fi : fi - c0; i > 0; --i) m &= m - 1;
-        const int row = (fi < c0 ? 0 : 32) + __ffs(m) - 1;
-        q = row_tab(kRowQuery, qslot, row);
-        rb = row_tab(kRowMergeBegin, qslot, row);
-        n = row_tab(kRowNExpect, qslot, row) & 0xffff;
-        h = kvh * p.gqa + (job - fi * p.gqa);
-      }
-      merge_group<D>(p.merge_rows, p.partial, p.partial_lse, p.out, p.lse, p.num_qo_heads, active, q, h, rb, n, lane);
-    }
-  }
-
-  // Non-direct queries with no partial row at all (empty paths): O = 0, LSE = -inf. Grid-stride
-  // over [num_orphans, Hq, D / 4] float4 after the CTA's last unit.
-  __device__ void zero_orphans() const {
-    const int hq = p.num_qo_heads;
-    const int64_t per_query = static_cast<int64_t>(hq) * (D / 4);
-    const int64_t total = p.counts->num_orphans * per_query;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * Cfg::kConsumerThreads;
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(Cfg::kConsumerThreads) + warp * 32 + lane; i < total; i += stride) {
-      const int64_t oq = i / per_query, rest = i - oq * per_query;
-      const int q = p.orphans[oq];
-      reinterpret_cast<float4*>(p.out + static_cast<int64_t>(q) * hq * D)[rest] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (p.lse != nullptr && rest % (D / 4) == 0) p.lse[static_cast<int64_t>(q) * hq + rest / (D / 4)] = neg_inf();
-    }
-  }
-
   // The mask of a partial tile; with private tokens (priv), column c is private token c + pt.
   __device__ TreeMask tree_mask(int qslot, int row_base, int count, bool priv, int pt) const {
     const uint64_t all = low_bits(count);
@@ -488,7 +408,7 @@ struct Consumer {
   }
 
   template <int R>
-  __device__ void tile(int stage, int qslot, int count, int rows, bool first, bool last, bool partial, bool priv, int pt) {
+  __device__ void tile(int stage, int qslot, int count, int rows, bool first, bool last, bool priv, int pt) {
     constexpr int C = 4 / R;
     constexpr int NW = kN / C;
     const int row_base = (warp / C) * 16;
@@ -502,7 +422,6 @@ struct Consumer {
     if (first) {
       reset();
       if (active || kWg) load_q_regs(q_base, qslot, row_base, rows);  // wgmma: every warp (its rows of the 64)
-      if (partial && p.merge_count != nullptr) prefetch_merge_lists(qslot, rows);
     }
     if constexpr (kWg) {
       // Every tile on wgmma (every warp of the group, active or not); partial tiles and tiles with
@@ -584,7 +503,6 @@ struct Consumer {
       }
       const bool first = (flags & TileMetaBits::kFirst) != 0;
       const bool last = (flags & TileMetaBits::kLast) != 0;
-      const bool partial = (flags & TileMetaBits::kPartial) != 0;
       const bool priv = (flags & TileMetaBits::kPriv) != 0;
       const int pt = static_cast<int>(static_cast<unsigned>(flags) >> 16) - 64;
       const int groups = (flags >> 4) & 7;
@@ -595,21 +513,11 @@ struct Consumer {
       head0 = kvh * p.gqa;
       r0g = (meta.z >> 8) & 0xff;
       if (groups == 4) {
-        tile<4>(stage, qslot, count, rows, first, last, partial, priv, pt);
+        tile<4>(stage, qslot, count, rows, first, last, priv, pt);
       } else if (groups == 2) {
-        tile<2>(stage, qslot, count, rows, first, last, partial, priv, pt);
+        tile<2>(stage, qslot, count, rows, first, last, priv, pt);
       } else {
-        tile<1>(stage, qslot, count, rows, first, last, partial, priv, pt);
-      }
-      if (last && partial && p.merge_count != nullptr) {
-        // The accumulators and Q fragments are dead until the next unit's first tile: clearing
-        // them lets the compiler reuse their registers for the merge instead of spilling them.
-        reset();
-        if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-          for (int kk = 0; kk < kKSteps; ++kk) qf[kk][0] = qf[kk][1] = qf[kk][2] = qf[kk][3] = 0u;
-        }
-        merge_tail(qslot, rows, kvh);
+        tile<1>(stage, qslot, count, rows, first, last, priv, pt);
       }
       if (FT_TRACE && last && warp == 0 && lane == 0 && units_done++ == 0) trace_mark(p.trace, kTraceTree, kTrFirstUnit);
       // A unit's last tile may have used the stage as combine scratch (generic stores): ordered
@@ -623,7 +531,6 @@ struct Consumer {
       trace_put(p.trace, kTraceTree, kTrConsTileCy, sum_tile_cy);
       trace_mark(p.trace, kTraceTree, kTrConsumerEnd);
     }
-    if (p.merge_count != nullptr) zero_orphans();
   }
 };
 

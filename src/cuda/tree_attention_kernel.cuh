@@ -1,5 +1,5 @@
 // FastTree tree-attention kernel (DESIGN.md §4): one persistent launch over all (block, kv head)
-// units of a plan (device_plan.h), optionally with the merge of partial results fused in.
+// units of a plan (device_plan.h); partial rows are merged by the merge kernel (merge_kernel.cuh).
 //
 // CTA = 5 warps, warp-specialized:
 //   warp 4     producer (tree_attention_producer.cuh): claims units, gathers each 64-token K/V tile
@@ -8,8 +8,8 @@
 //              kDeep variant (d = 128, TreeKernelConfig::kQGlobal) stages no Q: its consumers read
 //              their Q fragments from global memory and the ring has 3 stages instead of 2.
 //   warps 0-3  consumers (tree_attention_consumer.cuh): S = Q K^T and O += P V on tensor cores
-//              (full 64-row tiles on wgmma, the rest on mma.sync) with an online softmax, then the unit's normalized rows (+ LSE) to O or to partial rows;
-//              with the fused merge, the CTA that writes the last piece of a query merges it.
+//              (full 64-row tiles on wgmma, the rest on mma.sync) with an online softmax, then
+//              the unit's normalized rows (+ LSE) to O or to partial rows.
 // Stage s of the ring is handed over with mbarriers full[s] (producer -> consumers) and empty[s]
 // (consumers -> producer). The producer runs up to kStages tiles ahead, across unit boundaries.
 //
@@ -41,7 +41,6 @@ __global__ void __launch_bounds__(TreeKernelConfig<D, kDeep>::kThreads, TreeKern
   s.row_tab = reinterpret_cast<int*>(smem + Cfg::kRowOff);
   s.meta = reinterpret_cast<int4*>(smem + Cfg::kMetaOff);
   s.ml = reinterpret_cast<float2*>(smem + Cfg::kMlOff);
-  s.merge_flag = reinterpret_cast<int*>(smem + Cfg::kFlagOff);
   s.full = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOff);
   s.empty = s.full + Cfg::kStages;
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0), lane = threadIdx.x % 32;  // warp-uniform role

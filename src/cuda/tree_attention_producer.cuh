@@ -49,7 +49,7 @@ struct UnitCtx {
   int s0, nwin;  // window = runs [s0, s0 + nwin), nwin <= 32
   int64_t win_slot;
   int win_tb, win_end;
-  int q[2], dst[2], mb[2], ne[2], pv[2];
+  int q[2], dst[2], pv[2];
   int rows_meta;  // TileMeta's rows field: rows | (row0 % g) << 8 | kv head << 16
 };
 
@@ -160,11 +160,9 @@ struct Producer {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = lane + 32 * j;
-      const int4 qi = row < c.d.rows ? *reinterpret_cast<const int4*>(&r->rows[row]) : make_int4(0, 0, 0, 0);
+      const int2 qi = row < c.d.rows ? *reinterpret_cast<const int2*>(&r->rows[row]) : make_int2(0, 0);
       c.q[j] = qi.x;
       c.dst[j] = qi.y;
-      c.mb[j] = qi.z;
-      c.ne[j] = qi.w;
       c.pv[j] = 0;
       if (c.d.shared_len < c.d.kv_len && row < c.d.rows) {  // query qj of the block: [priv_end[qj - 1], priv_end[qj])
         const int qj = (c.d.row0 + row) / p.gqa - c.d.row0 / p.gqa;
@@ -212,15 +210,13 @@ struct Producer {
     }
   }
 
-  // Q rows of unit c into Q slot `qslot`, plus the slot's row tables. Returns whether some row of
-  // the block writes a partial row.
-  __device__ bool issue_q(const UnitCtx& c, int qslot) const {
+  // Q rows of unit c into Q slot `qslot`, plus the slot's row tables.
+  __device__ void issue_q(const UnitCtx& c, int qslot) const {
     const T* qg = static_cast<const T*>(p.q);
     const uint32_t sq = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
     int* tab = s.row_tab + qslot * Cfg::kM;
     constexpr int kTab = Cfg::kStages * Cfg::kM;  // distance between two tables
     int64_t qoff[2];
-    bool partial = false;
 #if FT_TRACE
     const uint64_t tr_q0 = clock64();
 #endif
@@ -234,11 +230,8 @@ struct Producer {
         tab[kRowDst * kTab + r] = c.dst[j];
 
         tab[kRowQuery * kTab + r] = c.q[j];
-        tab[kRowMergeBegin * kTab + r] = c.mb[j];
-        tab[kRowNExpect * kTab + r] = c.ne[j];
         tab[kRowPriv * kTab + r] = c.pv[j];
         if constexpr (Cfg::kHeadTable) tab[kRowHead * kTab + r] = h;
-        partial |= c.dst[j] < 0;
       }
     }
 #if FT_TRACE
@@ -254,7 +247,7 @@ struct Producer {
           for (int b = 0; b < D * 2; b += 128) prefetch_l2(reinterpret_cast<const char*>(qg + qoff[j]) + b);
         }
       }
-      return __any_sync(kFullMask, partial);
+      return;
     }
     const int fill = (c.d.rows + 15) & ~15;
 #pragma unroll 2
@@ -264,7 +257,6 @@ struct Producer {
       const bool valid = off >= 0;
       cp_async_16(sq + swz64<D>(row, chunk * 8) * 2, qg + (valid ? off + chunk * 8 : 0), valid ? 16 : 0);
     }
-    return __any_sync(kFullMask, partial);
   }
 
   // Lane 0: the full tile of kN slots from `slot` (one run) into stage `stage` by TMA: raises the
@@ -535,7 +527,6 @@ struct Producer {
     __syncwarp();
     if (lane == 0) trace_mark(p.trace, kTraceTree, kTrRecords);
     UnitCtx a;
-    bool partial = false;  // the current unit writes partial rows
     int stage = 0;
     uint32_t parity = 1;  // empty barriers: the first round passes at once
     int seq = 0, t = 0, ntiles = 0;
@@ -578,7 +569,7 @@ struct Producer {
       const int count = min(kN, a.d.kv_len - t * kN);
       const int tma_slot = p.use_tma && t < Cfg::kRecTiles ? tile_slots[t] : -1;
       const int qslot = seq % Cfg::kStages;
-      if (t == 0) partial = issue_q(a, qslot);
+      if (t == 0) issue_q(a, qslot);
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstQ);
 #if FT_TRACE
       c1 = clock64();
@@ -602,7 +593,7 @@ struct Producer {
 #endif
       const int pt = t * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
       const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
-                        (partial ? TileMetaBits::kPartial : 0) | (a.d.row_groups << 4) | (qslot << 8) |
+                        (a.d.row_groups << 4) | (qslot << 8) |
                         (pt + count > 0 ? TileMetaBits::kPriv | ((pt + 64) << 16) : 0);
       publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstIssue);

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kWarpUnitThreads, kWarpUnitMinBlocks) warp_uni
     const int4 da = __ldg(reinterpret_cast<const int4*>(&rec->desc));
     const int4 db = __ldg(reinterpret_cast<const int4*>(&rec->desc) + 1);
     const int4 run0 = __ldg(reinterpret_cast<const int4*>(&rec->runs[lane]));
-    const int4 qi = __ldg(reinterpret_cast<const int4*>(&rec->rows[lane & 15]));
+    const int2 qi = __ldg(reinterpret_cast<const int2*>(&rec->rows[lane & 15]));
     const int seg_first = da.x, seg_end = da.y, kv_begin = da.z, kv_len = da.w;
     const int row0 = db.y, rows = db.z;
 

@@ -68,7 +68,8 @@ struct WarpStaged {
   int64_t q_off;   // lane r (mod 16): element offset of row r's Q (-1: beyond the block)
   int row_dst, row_head;
   // The next unit's record, loaded one unit ahead.
-  int4 na, nb, nrun, nqi;
+  int4 na, nb, nrun;
+  int2 nqi;
 
   // ---- compute side ----------------------------------------------------------------------------
   float o[kDT][4];
@@ -82,18 +83,19 @@ struct WarpStaged {
     start_unit();
   }
 
-  __device__ void load_record(int unit, int4& a, int4& b, int4& run, int4& qi) const {
+  __device__ void load_record(int unit, int4& a, int4& b, int4& run, int2& qi) const {
     const BlockRecord* rec = p.records + unit / p.num_kv_heads;
     a = __ldg(reinterpret_cast<const int4*>(&rec->desc));
     b = __ldg(reinterpret_cast<const int4*>(&rec->desc) + 1);
     run = __ldg(reinterpret_cast<const int4*>(&rec->runs[lane]));
-    qi = __ldg(reinterpret_cast<const int4*>(&rec->rows[lane & 15]));
+    qi = __ldg(reinterpret_cast<const int2*>(&rec->rows[lane & 15]));
   }
 
   // Unit iu from the prefetched record; prefetches the record of the warp's next unit.
   __device__ void start_unit() {
     if (iu >= end) return;
-    const int4 a = na, b = nb, run = nrun, qi = nqi;
+    const int4 a = na, b = nb, run = nrun;
+    const int2 qi = nqi;
     if (iu + stride < end) load_record(iu + stride, na, nb, nrun, nqi);
     kvh = iu % p.num_kv_heads;
     kv_begin = a.z;
