@@ -511,6 +511,18 @@ TEST(CudaAttention, PerRequestBaseline) {
   }
 }
 
+// CPU-only: blocks of 17-32 rows take 2 row groups except in the 3-stage kernel (no 2-group path),
+// where they run as 64-row tiles; always enough groups for the rows.
+TEST(CudaAttention, RowGroups) {
+  for (const bool wide_only : {false, true}) {
+    for (int rows = 1; rows <= cuda_detail::kMaxBlockRows; ++rows) {
+      const int g = cuda_detail::row_groups_of(rows, wide_only);
+      EXPECT_GE(16 * g, rows) << rows << " rows, wide_only " << wide_only;
+      EXPECT_EQ(g, rows <= 16 ? 1 : (rows <= 32 && !wide_only ? 2 : 4)) << rows << " rows, wide_only " << wide_only;
+    }
+  }
+}
+
 // CPU-only: the merge-kernel rule on the suite's shapes (grid = 8 CTAs on each of 132 SMs, d = 128):
 // many jobs of few rows stay on the lane-group kernel, few jobs of many rows go wide; degenerate
 // inputs never divide by zero.

@@ -31,9 +31,17 @@ struct BlockDesc {
                         // BlockRecord::priv[r]'s interval of them
   int32_t row0;         // first row of this block inside the item's tile
   int32_t rows;         // rows of this block, 1..64
-  int32_t row_groups;   // 1, 2 or 4 groups of 16 rows (tile class of the kernel)
+  int32_t row_groups;   // 1, 2 or 4 groups of 16 rows (tile class of the kernel; row_groups_of)
 };
 static_assert(sizeof(BlockDesc) == 32);
+
+// Row groups of a block of `rows` rows: 1 up to 16 rows (mma.sync, the 4 warps splitting each tile
+// by columns), 2 up to 32 (2 x 2 warps on mma.sync), else 4 (64-row tiles, on wgmma at d <= 128).
+// wide_only: the kernel has no 2-group path (the 3-stage kernel, TreeKernelConfig::kQGlobal):
+// 17-32 rows run as a 64-row tile, the rows past the block computed and not stored.
+inline int32_t row_groups_of(int32_t rows, bool wide_only) {
+  return rows <= 16 ? 1 : (rows <= 32 && !wide_only ? 2 : 4);
+}
 
 // Per (item, query of its tile): the query id and where its result goes: dst >= 0 is the final
 // output row O[dst] (a direct query), dst < 0 the partial row ~dst (= -dst - 1), which the merge

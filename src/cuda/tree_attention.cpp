@@ -489,7 +489,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       const int32_t nr = std::min(kMaxBlockRows, rows - row0);
       BlockRecord& rec = records[b++];
       rec.desc = BlockDesc{static_cast<int32_t>(run - runs), m.vnode_run_begin[it.vnode + 1], it.kv_begin, it.kv_len,
-                           it.kv_len, row0, nr, nr <= 16 ? 1 : (nr <= 32 ? 2 : 4)};
+                           it.kv_len, row0, nr, row_groups_of(nr, m.deep_ring)};
       std::fill(rec.priv_end, rec.priv_end + kMaxBlockRows, uint16_t{0});
       const DeviceRun* rb = run;
       if (it.priv_count > 0) {  // own run list; the private region holds this block's queries' pieces

@@ -512,9 +512,12 @@ struct Consumer {
       const int kvh = static_cast<int>(static_cast<unsigned>(meta.z) >> 16);
       head0 = kvh * p.gqa;
       r0g = (meta.z >> 8) & 0xff;
-      if (groups == 4) {
+      // In the 3-stage kernel a block of more than 16 rows runs as a 64-row wgmma tile whatever its
+      // rows (upload() sets row_groups 4, row_groups_of; the producer zero-fills V rows to 64 for
+      // either), so its 2-group mma.sync path is not compiled (PERF_NOTES.md, session 16).
+      if (groups == 4 || (Cfg::kQGlobal && groups == 2)) {
         tile<4>(stage, qslot, count, rows, first, last, priv, pt);
-      } else if (groups == 2) {
+      } else if (!Cfg::kQGlobal && groups == 2) {
         tile<2>(stage, qslot, count, rows, first, last, priv, pt);
       } else {
         tile<1>(stage, qslot, count, rows, first, last, priv, pt);

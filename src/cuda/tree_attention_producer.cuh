@@ -358,7 +358,7 @@ struct Producer {
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
     const uint32_t sv = sk + kN * D * 2;
-    const int fill = Cfg::kWgmma && c.d.row_groups == 4 ? kN : (count + 15) & ~15;
+    const int fill = Cfg::kWgmma && (c.d.row_groups == 4 || (Cfg::kQGlobal && c.d.row_groups == 2)) ? kN : (count + 15) & ~15;
     if (tma_slot <= -2) {
 #if FT_TRACE
       tr_search_end = clock64();
