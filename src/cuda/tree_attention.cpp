@@ -365,9 +365,9 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
     if (plan.query_direct[q]) continue;
     ++num_merge;
     const int32_t n = plan.merge_begin[q + 1] - plan.merge_begin[q];
-    FT_CHECK((n == 0) == (m.pieces[q] == 0) && n <= 0xffff && m.pieces[q] <= 0x7fff,
+    FT_CHECK((n == 0) == (m.pieces[q] == 0),
              "CUDA upload: query " + str(q) + " has " + str(n) + " merge rows but " + str(m.pieces[q]) +
-                 " partial pieces (both must be zero or both in 1..32767)");
+                 " partial pieces (both must be zero or both positive)");
   }
 
   // Runs of consecutive slots: run_len[i] = length of the consecutive run of tree.slots from i;
