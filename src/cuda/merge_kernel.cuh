@@ -28,11 +28,10 @@ namespace fasttree::cuda_detail {
 
 // CTA shape of both separate merge kernels: kMergeThreads, kMergeBlocksPerSm, kMergeStep (kernels.h).
 
-template <int D, int Step = 8>
+template <int D>
 struct MergeShape {
-  static constexpr int kLpj = D / 8;         // lanes per job: 8, 16, 32
-  static constexpr int kJpw = 32 / kLpj;     // jobs per warp: 4, 2, 1
-  static constexpr int kStep = Step;         // rows whose loads are issued together
+  static constexpr int kLpj = D / 8;      // lanes per job: 8, 16, 32
+  static constexpr int kJpw = 32 / kLpj;  // jobs per warp: 4, 2, 1
   static_assert(2 * kLpj * 4 == D, "two float4 per lane");
 };
 
