@@ -105,6 +105,7 @@ TEST_F(Cli, MalformedTreesAndOptions) {
   expect_error("plan --levels 1,4 --lens 10,5 --tile-rows 0", "--tile-rows");
   expect_error("plan --levels 1,4 --lens 10,5 --narrow-max-path -1", "--narrow-max-path");
   expect_error("plan --levels 1,4 --lens 10,5 --narrow-max-waves -2", "--narrow-max-waves");
+  expect_error("plan --levels 1,4 --lens 10,5 --narrow-split-max-waves -1", "--narrow-split-max-waves");
   expect_error("plan --levels 1,4 --lens 10,5 --mid-class-rows -3", "--mid-class-rows");
   expect_error("plan", "give a tree");
   expect_error("gen-tree --random --depth 0", "--depth");

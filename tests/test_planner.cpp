@@ -325,6 +325,78 @@ TEST(Planner, NarrowModeForSmallTreesOfShortPaths) {
       Error);
 }
 
+// Narrow tiles are split only while they fill fewer than narrow_split_max_waves x num_sms: the
+// paper's `1 2 64 / 8 256 32` tree at 32/8 is 64 x 32 / 16 = 128 tiles of 296-token paths.
+TEST(Planner, NarrowModeSplitsOnlyFewTiles) {
+  KvTree t;
+  const int32_t root = t.add_node(-1, 8);
+  for (int m = 0; m < 2; ++m) {
+    const int32_t mid = t.add_node(root, 256);
+    for (int i = 0; i < 32; ++i) t.add_query(t.add_node(mid, 32));
+  }
+  const AttnShape shape{32, 8, 128};
+  const auto partial_rows = [&](const PlannerConfig& c) {
+    Plan p;
+    Planner(c).build(t, shape, p);
+    validate_plan(p, t);
+    EXPECT_EQ(p.tile_classes[0].q_rows, 16);  // narrow mode in every case
+    return p.num_partial_rows;
+  };
+  PlannerConfig cfg;  // 128 tiles >= 0.75 x 132: one round, no split, no merge
+  EXPECT_EQ(partial_rows(cfg), 0);
+  PlannerConfig c = cfg;
+  c.narrow_split_max_waves = 1.0;  // 128 < 132: split
+  EXPECT_GT(partial_rows(c), 0);
+  c = cfg;
+  c.num_sms = 200;  // 128 < 150: split
+  EXPECT_GT(partial_rows(c), 0);
+  c.split = false;  // the ablation wins over the rule
+  EXPECT_EQ(partial_rows(c), 0);
+  c = cfg;
+  c.narrow_split_max_waves = -1;
+  EXPECT_THROW(Planner{c}, Error);
+}
+
+// Chunk balancing: `1 10 / 4000 400` at 32/8 chunks into 36 items x 8 KV heads = 288 units for the
+// 264 CTAs (24 of them would run a second unit); balanced, the chunks are longer and the units fit
+// one round. Plans where no candidate finishes strictly first (a tie) and plans of many rounds are
+// left as split_waves makes them.
+TEST(Planner, BalancedChunksFitOneRound) {
+  const auto plan_of = [](const KvTree& t, const AttnShape& s, bool balance) {
+    PlannerConfig c;
+    c.balance_chunks = balance;
+    Plan p;
+    Planner(c).build(t, s, p);
+    validate_plan(p, t);
+    return p;
+  };
+  const auto units = [](const Plan& p) { return static_cast<int64_t>(p.items.size()) * p.num_kv_heads; };
+  const auto longest = [](const Plan& p) {
+    int64_t m = 0;
+    for (const PlanItem& it : p.items) m = std::max(m, item_tokens(it));
+    return m;
+  };
+  const std::vector<int64_t> counts{1, 10}, lens{4000, 400};
+  const KvTree t = tree_from_levels(counts, lens);
+  const AttnShape shape{32, 8, 128};
+  const Plan off = plan_of(t, shape, false), on = plan_of(t, shape, true);
+  EXPECT_EQ(units(off), 288);
+  EXPECT_LE(units(on), 264);
+  EXPECT_GT(longest(on), longest(off));
+  EXPECT_LT(on.num_partial_rows, off.num_partial_rows);
+  // A tie (`1 16 64 / 1024 256 32` at 32/32) and a plan of many rounds keep their chunks.
+  const std::vector<int64_t> c2{1, 16, 64}, l2{1024, 256, 32}, c3{1, 4, 16, 64, 256, 1024}, l3{256, 8, 256, 64, 32, 256};
+  for (const auto& [tree, s] : {std::pair{tree_from_levels(c2, l2), AttnShape{32, 32, 128}},
+                                std::pair{tree_from_levels(c3, l3), AttnShape{32, 8, 128}}}) {
+    const Plan a = plan_of(tree, s, false), b = plan_of(tree, s, true);
+    ASSERT_EQ(a.items.size(), b.items.size());
+    for (size_t i = 0; i < a.items.size(); ++i) {
+      EXPECT_EQ(a.items[i].kv_begin, b.items[i].kv_begin);
+      EXPECT_EQ(a.items[i].kv_len, b.items[i].kv_len);
+    }
+  }
+}
+
 // The mid tile class: added at GQA >= mid_class_min_gqa (32-row tiles of 8 queries at GQA 4), not
 // below, not when the classes already have it, never in the engine's decode planning.
 TEST(Planner, MidTileClassAtGqa4) {
@@ -371,6 +443,7 @@ PlannerConfig random_config(std::mt19937_64& rng) {
   cfg.narrow_max_path = std::array<int64_t, 3>{0, 60, 600}[rng() % 3];
   cfg.narrow_rows = 8 << (rng() % 3);
   cfg.narrow_max_waves = static_cast<double>(rng() % 5);
+  cfg.narrow_split_max_waves = 0.25 * static_cast<double>(rng() % 6);
   cfg.mid_class_rows = std::array<int32_t, 3>{0, 32, 48}[rng() % 3];
   cfg.mid_class_min_gqa = 1 << (rng() % 4);
   return cfg;

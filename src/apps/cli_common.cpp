@@ -49,6 +49,8 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
       ->check(CLI::IsMember({"greedy", "zero", "one"}))
       ->capture_default_str();
   cmd.add_flag("--no-split", opt.no_split, "Ablation: never split a context into chunks");
+  cmd.add_flag("--no-balance-chunks", opt.no_balance_chunks,
+               "Chunk length from split_waves alone (no choice by the units' finish time on the SMs)");
   cmd.add_option("--num-sms", opt.num_sms, "SMs the plan spreads work over")->capture_default_str();
   cmd.add_option("--alpha", opt.alpha, "Cost model alpha (query padding)");
   cmd.add_option("--beta", opt.beta, "Cost model beta (KV padding)");
@@ -65,6 +67,8 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_option("--narrow-max-path", opt.narrow_max_path,
                  "Narrow mode (16-row query tiles for small trees): longest query path it takes (0 = off)");
   cmd.add_option("--narrow-max-waves", opt.narrow_max_waves, "Narrow mode: at most this many 16-row tiles of query rows per SM");
+  cmd.add_option("--narrow-split-max-waves", opt.narrow_split_max_waves,
+                 "Narrow mode: split contexts only when the tiles fill fewer than this many per SM");
   cmd.add_option("--mid-class-rows", opt.mid_class_rows,
                  "Tile class of this many query rows added at GQA >= 4 (default 0 = off; --tile-rows turns it off)");
 }
@@ -73,6 +77,7 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
   PlannerConfig cfg = base;
   cfg.edges = opt.edges == "zero" ? EdgePolicy::kAllZero : opt.edges == "one" ? EdgePolicy::kAllOne : EdgePolicy::kGreedy;
   cfg.split = !opt.no_split;
+  if (opt.no_balance_chunks) cfg.balance_chunks = false;
   FT_CHECK(opt.num_sms > 0 && opt.num_sms <= 4096, "--num-sms must be in [1, 4096]");
   cfg.num_sms = opt.num_sms;
   for (const auto& [value, name] : {std::pair{opt.alpha, "--alpha"}, {opt.beta, "--beta"}, {opt.gamma, "--gamma"}, {opt.delta, "--delta"}})
@@ -117,6 +122,11 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
   if (opt.narrow_max_waves) {
     FT_CHECK(*opt.narrow_max_waves >= 0 && *opt.narrow_max_waves <= 1000, "--narrow-max-waves must be in [0, 1000]");
     cfg.narrow_max_waves = *opt.narrow_max_waves;
+  }
+  if (opt.narrow_split_max_waves) {
+    FT_CHECK(*opt.narrow_split_max_waves >= 0 && *opt.narrow_split_max_waves <= 1000,
+             "--narrow-split-max-waves must be in [0, 1000]");
+    cfg.narrow_split_max_waves = *opt.narrow_split_max_waves;
   }
   if (!opt.tile_rows.empty()) {
     const auto rows = parse_int_list(opt.tile_rows, "--tile-rows");

@@ -32,6 +32,7 @@ AttnShape make_shape(const HeadOptions& opt);
 struct PlannerOptions {
   std::string edges = "greedy";
   bool no_split = false;
+  bool no_balance_chunks = false;
   int num_sms = 132;
   std::optional<double> alpha, beta, gamma, delta;
   std::optional<int64_t> min_chunk;
@@ -42,6 +43,7 @@ struct PlannerOptions {
   std::optional<double> fold_min_waves;
   std::optional<int64_t> narrow_max_path;
   std::optional<double> narrow_max_waves;
+  std::optional<double> narrow_split_max_waves;
   std::optional<int> mid_class_rows;
   std::string tile_rows;  // e.g. "64,32,16" (KV tile 64 each); empty = defaults
 };

@@ -65,6 +65,11 @@ struct PlannerConfig {
   double split_waves = 2.0;
   int64_t min_chunk = 128;
   int64_t max_chunk = 0;
+  // Chunk balancing: for plans of a few rounds of units, the chunk length among a few multiples of
+  // the split_waves one (x 0.75 .. 2) whose units finish first when num_sms x split_waves CTAs take
+  // them longest first (planner.cpp, balance_chunk_target). E.g. `1 10 / 4000 400` at 32/8: 288
+  // units of <= 256 tokens for 264 CTAs (24 run a second unit) become 264 units of <= 320.
+  bool balance_chunks = true;
   // Leaf folding: a vnode whose group is one query at its own node, with at most fold_max context
   // tokens (one chunk), becomes a private piece of the last chunk's item, in the query's nearest
   // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens). Default 128:
@@ -82,7 +87,8 @@ struct PlannerConfig {
   // Narrow mode (greedy edges only): when every query's path has at most narrow_max_path tokens,
   // GQA <= narrow_rows and the queries' rows (queries x Hq) fill at most narrow_max_waves x num_sms
   // tiles of narrow_rows rows, the plan uses narrow_rows-row query tiles only, folds leaves
-  // regardless of fold_min_waves and splits contexts only when those tiles are fewer than SMs. Small trees then run as one round of short units, mostly without
+  // regardless of fold_min_waves and splits contexts only when those tiles are fewer than
+  // narrow_split_max_waves x num_sms. Small trees then run as one round of short units, mostly without
   // partial rows or a merge launch (shared prefixes are re-read per tile, from L2), instead of
   // dependent phases (64-row tiles of shared nodes, then leaf units, then the merge). H200 paper
   // suite, fp16: `1 256`, `1 2 64`, `1 4 256` at 32/32 and 32/8 1.2-1.3x faster, GQA-16 cells
@@ -90,6 +96,12 @@ struct PlannerConfig {
   int32_t narrow_rows = 16;
   int64_t narrow_max_path = 600;
   double narrow_max_waves = 4.0;
+  // Narrow tiles that already occupy this share of the SMs are not split: the kernel's second CTA
+  // per SM adds ~1.4x, not 2x (PERF_NOTES.md, session 12), so halving such tiles' paths does not pay
+  // for the partial rows and the merge launch (`1 2 64 / 8 256 32` 32/8: 128 tiles of 200-token
+  // halves + merge 19.2 us, unsplit 392-token tiles 17.6 us; at 16/1 its 64 tiles still gain from
+  // splitting, 13.3 vs 13.9; H200, src/cuda/PERF_NOTES.md session 17).
+  double narrow_split_max_waves = 0.75;
   // At GQA >= mid_class_min_gqa the plan also gets a tile class of mid_class_rows query rows (when
   // the configured classes have none and a slot is free). Off by default since the kernel's tile
   // table took the run search out of the producer: with 32-row tiles at GQA 4 the suite measured

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -109,8 +110,8 @@ void check_config(const PlannerConfig& c) {
            "planner: fold_max must be in [0, " + std::to_string(kMaxFoldTokens) + "], got " + std::to_string(c.fold_max));
   FT_CHECK(c.fold_min_rows >= 0 && c.fold_min_waves >= 0 && c.fold_narrow_tokens >= 0,
            "planner: fold_min_rows, fold_min_waves and fold_narrow_tokens must be >= 0");
-  FT_CHECK(c.narrow_rows >= 1 && c.narrow_max_path >= 0 && c.narrow_max_waves >= 0,
-           "planner: narrow_rows must be >= 1, narrow_max_path and narrow_max_waves >= 0");
+  FT_CHECK(c.narrow_rows >= 1 && c.narrow_max_path >= 0 && c.narrow_max_waves >= 0 && c.narrow_split_max_waves >= 0,
+           "planner: narrow_rows must be >= 1, narrow_max_path, narrow_max_waves and narrow_split_max_waves >= 0");
   FT_CHECK(c.mid_class_rows >= 0 && c.mid_class_min_gqa >= 1, "planner: mid_class_rows must be >= 0, mid_class_min_gqa >= 1");
 }
 
@@ -136,8 +137,9 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
     cfg_.tile_classes = {{{config_.narrow_rows, kDefaultKvTile}, {0, 0}, {0, 0}, {0, 0}}};
     cfg_.num_tile_classes = 1;
     cfg_.fold_min_waves = 0;
-    // One round of tiles already fills the SMs: splitting would only add partial rows and a merge.
-    cfg_.split = config_.split && narrow_tiles < config_.num_sms;
+    // A round of tiles that already occupies most SMs: splitting would add partial rows and a
+    // merge for little gain.
+    cfg_.split = config_.split && narrow_tiles < config_.narrow_split_max_waves * config_.num_sms;
   }
   plan.num_queries = tree.num_queries();
   plan.num_qo_heads = shape.num_qo_heads;
@@ -300,22 +302,9 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     int64_t t = std::max<int64_t>(cfg_.min_chunk, static_cast<int64_t>(std::ceil(work / (cfg_.num_sms * cfg_.split_waves))));
     if (cfg_.max_chunk > 0) t = std::min(t, cfg_.max_chunk);
     target = static_cast<int32_t>(std::min<int64_t>(t, target));
+    if (cfg_.balance_chunks) target = balance_chunk_target(target, num_kv_heads, plan);
   }
-
-  vnode_chunk_len_.resize(nv);
-  partials_.assign(plan.num_queries, 0);
-  for (int v = 0; v < nv; ++v) {
-    const int32_t len = plan.vnode_len[v];
-    int32_t chunks = 1, chunk_len = len;
-    if (len > target) {  // even chunks, rounded up to whole KV tiles
-      const int32_t kv_tile = cfg_.tile_classes[vnode_cls_[v]].kv_tile;
-      chunks = (len + target - 1) / target;
-      chunk_len = ((len + chunks - 1) / chunks + kv_tile - 1) / kv_tile * kv_tile;
-      chunks = (len + chunk_len - 1) / chunk_len;
-    }
-    vnode_chunk_len_[v] = chunk_len;
-    for (int i = plan.vnode_q_begin[v]; i < plan.vnode_q_begin[v + 1]; ++i) partials_[plan.vnode_queries[i]] += chunks;
-  }
+  chunk_vnodes(target, plan);
   choose_folds(num_kv_heads, plan);
   plan.query_direct.resize(plan.num_queries);
   for (int q = 0; q < plan.num_queries; ++q) plan.query_direct[q] = partials_[q] == 1;
@@ -366,6 +355,93 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     plan.items_per_class[vnode_cls_[v]] += tiles * ((len + chunk_len - 1) / chunk_len);
   }
   plan.num_partial_rows = rows;
+}
+
+// Every vnode's chunk length for a chunk target (vnodes longer than it: even chunks, rounded up to
+// whole KV tiles) and each query's partial results before folding.
+void Planner::chunk_vnodes(int32_t target, const Plan& plan) {
+  const int nv = plan.num_vnodes();
+  vnode_chunk_len_.resize(nv);
+  partials_.assign(plan.num_queries, 0);
+  for (int v = 0; v < nv; ++v) {
+    const int32_t len = plan.vnode_len[v];
+    int32_t chunks = 1, chunk_len = len;
+    if (len > target) {
+      const int32_t kv_tile = cfg_.tile_classes[vnode_cls_[v]].kv_tile;
+      chunks = (len + target - 1) / target;
+      chunk_len = ((len + chunks - 1) / chunks + kv_tile - 1) / kv_tile * kv_tile;
+      chunks = (len + chunk_len - 1) / chunk_len;
+    }
+    vnode_chunk_len_[v] = chunk_len;
+    for (int i = plan.vnode_q_begin[v]; i < plan.vnode_q_begin[v + 1]; ++i) partials_[plan.vnode_queries[i]] += chunks;
+  }
+}
+
+// PlannerConfig::balance_chunks: the chunk target among target0 x kBalanceFactors whose units
+// finish first when the kernel's persistent CTAs (num_sms x split_waves) take them longest first,
+// each costing its KV tiles plus kUnitStartTiles (a unit's start-up and epilogue). Evaluated only
+// for plans of at most kBalanceMaxWaves rounds of units, where a round's remainder is a large share
+// of the time; a candidate must finish strictly first to replace target0 (ties going to longer
+// chunks made `1 16 64 / 1024 256 32` 32/32 10 % slower: its root became one 16-tile unit whose
+// 64-row tiles cost more than the model's). Folded leaves are counted in
+// their host's tiles (spread evenly over its query tiles).
+int32_t Planner::balance_chunk_target(int32_t target0, int num_kv_heads, Plan& plan) {
+  constexpr double kBalanceFactors[] = {1.0, 0.75, 1.25, 1.5, 2.0};
+  constexpr int32_t kUnitStartTiles = 1;
+  constexpr int kBalanceMaxWaves = 4;
+  const int slots = static_cast<int>(std::lround(cfg_.num_sms * cfg_.split_waves));
+  const int nv = plan.num_vnodes();
+  if (slots <= 0) return target0;
+  int32_t best = target0;
+  int64_t best_span = std::numeric_limits<int64_t>::max();
+  for (double f : kBalanceFactors) {
+    int64_t t = std::max<int64_t>(cfg_.min_chunk, std::llround(target0 * f));
+    if (cfg_.max_chunk > 0) t = std::min(t, cfg_.max_chunk);
+    const int32_t target = static_cast<int32_t>(std::min<int64_t>(t, std::numeric_limits<int32_t>::max()));
+    if (f != 1.0 && target == target0) continue;
+    chunk_vnodes(target, plan);
+    choose_folds(num_kv_heads, plan);
+    priv_tokens_.assign(nv, 0);  // private tokens of the leaves actually folded, by host vnode
+    for (int q = 0; q < plan.num_queries && cfg_.fold_max > 0; ++q)
+      if (fold_[q] >= 0) priv_tokens_[host_vnode_[q]] += plan.vnode_len[fold_[q]];
+    unit_cost_.clear();
+    bool too_many = false;
+    for (int v = 0; v < nv && !too_many; ++v) {
+      const int32_t qb = plan.vnode_q_begin[v];
+      if (plan.vnode_q_begin[v + 1] - qb == 1 && fold_[plan.vnode_queries[qb]] == v) continue;  // folded
+      const int32_t len = plan.vnode_len[v], chunk_len = vnode_chunk_len_[v], tiles = vnode_tiles_[v];
+      const int32_t kv_tile = cfg_.tile_classes[vnode_cls_[v]].kv_tile;
+      const int64_t priv = priv_tokens_[v] / tiles;
+      for (int32_t kv_begin = 0; kv_begin < len; kv_begin += chunk_len) {
+        const int64_t tokens = std::min(chunk_len, len - kv_begin) + (kv_begin + chunk_len >= len ? priv : 0);
+        const int32_t cost = static_cast<int32_t>((tokens + kv_tile - 1) / kv_tile) + kUnitStartTiles;
+        if (static_cast<int64_t>(unit_cost_.size()) + int64_t{tiles} * num_kv_heads > int64_t{kBalanceMaxWaves} * slots) {
+          too_many = true;
+          break;
+        }
+        unit_cost_.insert(unit_cost_.end(), static_cast<size_t>(tiles) * num_kv_heads, cost);
+      }
+    }
+    if (too_many) {
+      if (f == 1.0) return target0;  // a large plan: rounds are many, the remainder is small
+      continue;
+    }
+    std::sort(unit_cost_.begin(), unit_cost_.end(), std::greater<>());
+    // Longest first onto the earliest-free CTA (min-heap of finish times).
+    slot_free_.assign(std::min<size_t>(slots, unit_cost_.size()), 0);
+    int64_t span = 0;
+    for (int32_t c : unit_cost_) {
+      std::pop_heap(slot_free_.begin(), slot_free_.end(), std::greater<>());
+      slot_free_.back() += c;
+      span = std::max(span, slot_free_.back());
+      std::push_heap(slot_free_.begin(), slot_free_.end(), std::greater<>());
+    }
+    if (span < best_span) {  // ties keep the earlier candidate: target0 first
+      best_span = span;
+      best = target;
+    }
+  }
+  return best;
 }
 
 // Leaf folding (PlannerConfig::fold_max): fold_[q] = the vnode folded into query q's host item

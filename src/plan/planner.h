@@ -40,6 +40,8 @@ class Planner {
   void assign_edges(const KvTree& tree, int g, Plan& plan);
   void build_vnodes(const KvTree& tree, Plan& plan);
   void build_items(int g, int num_kv_heads, Plan& plan);
+  void chunk_vnodes(int32_t target, const Plan& plan);
+  int32_t balance_chunk_target(int32_t target0, int num_kv_heads, Plan& plan);
   void choose_folds(int num_kv_heads, Plan& plan);
   void build_merge_map(Plan& plan);
   void sort_items_longest_first(std::vector<PlanItem>& items);
@@ -62,6 +64,9 @@ class Planner {
   std::vector<int64_t> host_tokens_;   // [V] private tokens the vnode's items would take on
   std::vector<int32_t> cursor_;        // fill cursors (vnode query lists, merge map)
   std::vector<PlanItem> items_scratch_;
+  std::vector<int32_t> unit_cost_;     // balance_chunk_target: units' costs in KV tiles
+  std::vector<int64_t> slot_free_;     // balance_chunk_target: CTAs' finish times (min-heap)
+  std::vector<int64_t> priv_tokens_;   // balance_chunk_target: [V] folded private tokens per host
 };
 
 }  // namespace fasttree
