@@ -478,6 +478,26 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
     EXPECT_EQ(out, base) << "deep_ring " << deep;
     EXPECT_EQ(lse, base_lse) << "deep_ring " << deep;
   }
+  // The plan's units take the full persistent grid or one CTA per SM (CudaTreeAttentionOptions::
+  // fit_grid; each unit is computed alike on either): bit-identical, for a plan of few units too.
+  const Plan small = make_plan(tree, s, kVariants[0]);
+  std::vector<float> small_base;
+  for (const int fit : {0, 1}) {
+    for (const Plan* pl : {&plan, &small}) {
+      CudaRunOptions opt = graph;
+      opt.fit_grid = fit;
+      std::vector<float> out(x.q.size(), NAN), lse(ref.lse.size(), NAN);
+      cuda_attention(*pl, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, lse, opt);
+      if (pl == &plan) {
+        EXPECT_EQ(out, base) << "fit_grid " << fit;
+        EXPECT_EQ(lse, base_lse) << "fit_grid " << fit;
+      } else {
+        EXPECT_LE(compare(out, lse, ref.out, ref.lse).out, out_tol(KvDType::kBF16)) << "fit_grid " << fit;
+        if (small_base.empty()) small_base = out;
+        EXPECT_EQ(out, small_base) << "fit_grid " << fit;
+      }
+    }
+  }
   // lse may be omitted.
   std::vector<float> out(x.q.size(), NAN);
   cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, {}, plain);

@@ -397,6 +397,42 @@ TEST(Planner, BalancedChunksFitOneRound) {
   }
 }
 
+// Segment alignment: each vnode lists its whole-tile segments first (path order kept within both
+// groups), the same segments as in path order; the engine's decode planning keeps path order.
+TEST(Planner, AlignedSegmentsPutWholeTilesFirst) {
+  const std::vector<int64_t> counts{1, 4, 8, 256}, lens{8, 256, 256, 32};
+  const KvTree t = tree_from_levels(counts, lens);
+  const AttnShape shape{32, 8, 128};
+  PlannerConfig on, off;
+  off.align_segments = false;
+  Plan a, b;
+  Planner(on).build(t, shape, a);
+  Planner(off).build(t, shape, b);
+  validate_plan(a, t);
+  ASSERT_EQ(a.num_vnodes(), b.num_vnodes());
+  int reordered = 0;
+  for (int v = 0; v < a.num_vnodes(); ++v) {
+    const int32_t sb = a.vnode_seg_begin[v], se = a.vnode_seg_begin[v + 1];
+    ASSERT_EQ(se - sb, b.vnode_seg_begin[v + 1] - b.vnode_seg_begin[v]);
+    std::vector<int64_t> want, got;
+    bool tail = false;
+    for (int32_t s = sb; s < se; ++s) {
+      const PlanSegment& seg = a.segments[s];
+      const bool whole = seg.len % 64 == 0;
+      EXPECT_FALSE(whole && tail) << "vnode " << v << ": a whole-tile segment after a partial one";
+      tail = tail || !whole;
+      got.push_back(seg.slot_offset);
+      want.push_back(b.segments[b.vnode_seg_begin[v] + (s - sb)].slot_offset);
+    }
+    reordered += got != want ? 1 : 0;
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(got, want) << "vnode " << v;
+  }
+  EXPECT_GT(reordered, 0);  // `8 | 256 | 256` paths became `256 | 256 | 8`
+  EXPECT_FALSE(engine_planner_config().align_segments);
+}
+
 // The mid tile class: added at GQA >= mid_class_min_gqa (32-row tiles of 8 queries at GQA 4), not
 // below, not when the classes already have it, never in the engine's decode planning.
 TEST(Planner, MidTileClassAtGqa4) {

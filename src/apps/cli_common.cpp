@@ -51,6 +51,8 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
   cmd.add_flag("--no-split", opt.no_split, "Ablation: never split a context into chunks");
   cmd.add_flag("--no-balance-chunks", opt.no_balance_chunks,
                "Chunk length from split_waves alone (no choice by the units' finish time on the SMs)");
+  cmd.add_flag("--no-align-segments", opt.no_align_segments,
+               "Keep each context's segments in path order (no whole-tile segments first)");
   cmd.add_option("--num-sms", opt.num_sms, "SMs the plan spreads work over")->capture_default_str();
   cmd.add_option("--alpha", opt.alpha, "Cost model alpha (query padding)");
   cmd.add_option("--beta", opt.beta, "Cost model beta (KV padding)");
@@ -78,6 +80,7 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
   cfg.edges = opt.edges == "zero" ? EdgePolicy::kAllZero : opt.edges == "one" ? EdgePolicy::kAllOne : EdgePolicy::kGreedy;
   cfg.split = !opt.no_split;
   if (opt.no_balance_chunks) cfg.balance_chunks = false;
+  if (opt.no_align_segments) cfg.align_segments = false;
   FT_CHECK(opt.num_sms > 0 && opt.num_sms <= 4096, "--num-sms must be in [1, 4096]");
   cfg.num_sms = opt.num_sms;
   for (const auto& [value, name] : {std::pair{opt.alpha, "--alpha"}, {opt.beta, "--beta"}, {opt.gamma, "--gamma"}, {opt.delta, "--delta"}})

@@ -33,6 +33,7 @@ struct PlannerOptions {
   std::string edges = "greedy";
   bool no_split = false;
   bool no_balance_chunks = false;
+  bool no_align_segments = false;
   int num_sms = 132;
   std::optional<double> alpha, beta, gamma, delta;
   std::optional<int64_t> min_chunk;

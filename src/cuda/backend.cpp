@@ -122,6 +122,7 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.merge_wide = options.merge_wide;
   opt.use_tma = options.use_tma;
   opt.deep_ring = options.deep_ring;
+  opt.fit_grid = options.fit_grid;
   opt.kv_slots = num_slots;
   if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);

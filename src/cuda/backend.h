@@ -51,6 +51,7 @@ struct CudaRunOptions {
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
   bool require_tma = false;      // throw unless the run loaded its full tiles by TMA (tma_active())
   int deep_ring = -1;            // CudaTreeAttentionOptions::deep_ring
+  int fit_grid = -1;             // CudaTreeAttentionOptions::fit_grid
 };
 
 void cuda_attention(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,

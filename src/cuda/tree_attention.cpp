@@ -83,7 +83,9 @@ struct CudaTreeAttention::Impl {
   TreeKernelInfo kinfo;
   bool deep_ring = false;  // the 3-stage tree kernel (CudaTreeAttentionOptions::deep_ring)
   int num_sms = 0;
-  int grid = 0;
+  int grid = 0;         // persistent CTAs (SMs x CTAs per SM): the largest launch
+  bool fit_grid = true;  // CudaTreeAttentionOptions::fit_grid, resolved (false when ctas_per_sm is set)
+  int launch_grid = 0;   // the uploaded plan's launch: num_sms when its main units fit one per SM, else grid
   int merge_grid = 0;
   int warp_max_kv = 0;  // resolved warp_unit_max_kv (0: warp-per-unit path off)
   int warp_min_units = 0;
@@ -130,6 +132,7 @@ struct CudaTreeAttention::Impl {
   bool uploaded = false;
   uint64_t epoch = 1;
   bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false;
+  int last_launch_grid = 0;
 
   void free_all() {
     if (upload_pending && upload_done != nullptr) (void)cudaEventSynchronize(upload_done);
@@ -219,6 +222,8 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   const int want_main = env_or(options.ctas_per_sm > 0 ? options.ctas_per_sm : -1, "FT_MAIN_CTAS", 0);
   const int per_sm = want_main > 0 ? std::min(want_main, m.kinfo.ctas_per_sm) : m.kinfo.ctas_per_sm;
   m.grid = m.num_sms * per_sm;
+  m.launch_grid = m.grid;
+  m.fit_grid = want_main <= 0 && env_or(options.fit_grid, "FT_FIT_GRID", 1) != 0;
   m.merge_grid = m.num_sms * std::max(1, env_or(-1, "FT_MERGE_CTAS", 8));
   m.warp_max_kv = env_or(options.warp_unit_max_kv, "FT_WARP_UNITS", kDefaultWarpUnitMaxKv);
   if (shape.head_dim > 128) m.warp_max_kv = 0;
@@ -547,12 +552,14 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
                                        : prefer_wide_merge(num_merge * sh.num_qo_heads, static_cast<int64_t>(plan.merge_rows.size()),
                                                            num_merge, m.merge_grid, sh.head_dim);
   m.num_partial_rows = rows_cap;
+  m.launch_grid = m.fit_grid && m.num_main_units <= m.num_sms ? std::min(m.grid, m.num_sms) : m.grid;
   m.uploaded = true;
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
              has_warp = m.num_units > m.num_main_units;
   if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp ||
-      m.merge_wide != m.last_merge_wide)
+      m.merge_wide != m.last_merge_wide || m.launch_grid != m.last_launch_grid)
     ++m.epoch;
+  m.last_launch_grid = m.launch_grid;
   m.last_merge_wide = m.merge_wide;
   m.last_has_units = has_units;
   m.last_has_merge = has_merge;
@@ -621,13 +628,13 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
       // The main kernel is enqueued first so that its (large) CTAs are placed first.
       FT_CUDA_CHECK(cudaEventRecord(m.fork_event, stream));
       FT_CUDA_CHECK(cudaStreamWaitEvent(m.side_stream, m.fork_event, 0));
-      FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream, m.deep_ring));
+      FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.launch_grid, stream, m.deep_ring));
       FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, m.side_stream, m.warp_shape));
       FT_CUDA_CHECK(cudaEventRecord(m.join_event, m.side_stream));
       FT_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join_event, 0));
     } else {
       if (has_warp) FT_CUDA_CHECK(launch_warp_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.warp_grid, stream, m.warp_shape));
-      if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.grid, stream, m.deep_ring));
+      if (has_main) FT_CUDA_CHECK(launch_kernel(kernel_dtype(m.dtype), m.shape.head_dim, p, m.launch_grid, stream, m.deep_ring));
       merge_follows_kernel = true;
     }
   }
@@ -663,7 +670,7 @@ KvDType CudaTreeAttention::dtype() const { return impl_->dtype; }
 float CudaTreeAttention::sm_scale() const { return impl_->scale; }
 int CudaTreeAttention::num_queries() const { return impl_->num_queries; }
 int CudaTreeAttention::num_units() const { return impl_->num_units; }
-int CudaTreeAttention::grid_size() const { return impl_->grid; }
+int CudaTreeAttention::grid_size() const { return impl_->launch_grid; }
 bool CudaTreeAttention::warp_overlap() const { return impl_->warp_overlap; }
 bool CudaTreeAttention::tma_active() const { return impl_->use_tma && impl_->tma_ok; }
 

@@ -113,6 +113,12 @@ struct CudaTreeAttentionOptions {
   // and the Q load at each unit's start costs more (GQA 16: 2-7 % slower; GQA 8: up to 11 %
   // slower on small trees, within 2 % on large ones) (cuda/PERF_NOTES.md, session 11).
   int deep_ring = -1;
+  // One CTA per SM for plans whose main-kernel units fit on the SMs one each (units <= SMs): with
+  // the full persistent grid, units i go to CTAs i, which the hardware places two to an SM, so half
+  // of such a plan's units would share an SM while other SMs idle (`1 2 64 / 8 256 32`, 128 units:
+  // 32/8 17.7 -> 16.6 us, 32/32 27.0 -> 25.4; cuda/PERF_NOTES.md session 17). < 0: the FT_FIT_GRID
+  // environment variable if set, else on; ignored when ctas_per_sm is set.
+  int fit_grid = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
   // bounds the TMA tensor (0: unbounded).
@@ -158,7 +164,7 @@ class CudaTreeAttention {
   float sm_scale() const;
   int num_queries() const;  // of the uploaded plan
   int num_units() const;    // (block, kv head) units of the uploaded plan
-  int grid_size() const;    // persistent CTAs per launch
+  int grid_size() const;    // persistent CTAs of the main kernel's launch for the uploaded plan
   bool warp_overlap() const;  // the warp kernel runs on the side stream (resolved option)
   // Whether the last run() loaded K/V tiles by TMA where it could (FT_TMA != 0 and the pools'
   // descriptors encoded); false before the first run().

@@ -70,6 +70,11 @@ struct PlannerConfig {
   // them longest first (planner.cpp, balance_chunk_target). E.g. `1 10 / 4000 400` at 32/8: 288
   // units of <= 256 tokens for 264 CTAs (24 run a second unit) become 264 units of <= 320.
   bool balance_chunks = true;
+  // Segment alignment: each vnode's context lists the path segments whose lengths are whole KV
+  // tiles first, then the others (attention does not depend on the token order), so that fewer
+  // tiles straddle two KV runs (planner.cpp, align_segments). Off in the engine's decode planning,
+  // whose plan extension appends each step's token to the vnode's last (the leaf's) segment.
+  bool align_segments = true;
   // Leaf folding: a vnode whose group is one query at its own node, with at most fold_max context
   // tokens (one chunk), becomes a private piece of the last chunk's item, in the query's nearest
   // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens). Default 128:
@@ -119,6 +124,7 @@ inline PlannerConfig engine_planner_config() {
   PlannerConfig c;
   c.narrow_max_path = 0;
   c.mid_class_rows = 0;
+  c.align_segments = false;
   return c;
 }
 

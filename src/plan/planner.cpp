@@ -226,6 +226,12 @@ void Planner::build_vnodes(const KvTree& tree, Plan& plan) {
     const int p = tree.parent[v];
     top_[v] = (p >= 0 && plan.node_edge[v]) ? top_[p] : v;
   }
+  // PlannerConfig::align_segments: the KV tile length all tile classes share (0: none, no reorder).
+  int32_t align = 0;
+  if (cfg_.align_segments) {
+    align = cfg_.tile_classes[0].kv_tile;
+    for (int c = 1; c < cfg_.num_tile_classes; ++c) align = cfg_.tile_classes[c].kv_tile == align ? align : 0;
+  }
   // Vnodes in node order; their query lists are laid out by a counting sort.
   plan.node_vnode.resize(n);
   plan.vnode_node.clear();
@@ -249,6 +255,7 @@ void Planner::build_vnodes(const KvTree& tree, Plan& plan) {
       if (u == top_[v]) break;
     }
     int32_t tok = 0;
+    const size_t first_seg = plan.segments.size();
     for (auto it = path_scratch_.rbegin(); it != path_scratch_.rend(); ++it) {
       const int u = *it;
       const int64_t len = tree.node_len(u);
@@ -256,6 +263,7 @@ void Planner::build_vnodes(const KvTree& tree, Plan& plan) {
       plan.segments.push_back(PlanSegment{tree.slot_begin[u], tok, static_cast<int32_t>(len)});
       tok += static_cast<int32_t>(len);
     }
+    if (align > 0) align_segments(plan, first_seg, align);
     plan.vnode_seg_begin.push_back(static_cast<int32_t>(plan.segments.size()));
   }
   // Query q is in the group of its own node and of every ancestor a whose edge towards q is 0.
@@ -355,6 +363,25 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     plan.items_per_class[vnode_cls_[v]] += tiles * ((len + chunk_len - 1) / chunk_len);
   }
   plan.num_partial_rows = rows;
+}
+
+// PlannerConfig::align_segments: a vnode's segments [first, end) reordered so that those of a whole
+// number of KV tiles come first (path order kept within each group) and token offsets renumbered.
+// Attention over a vnode's context does not depend on its token order, and a tile that straddles
+// two segments (two KV runs) costs the kernel's producer 6-7x a tile inside one run (TMA boxes per
+// 8-row unit instead of one copy per 64 rows; PERF_NOTES.md session 17): `8 | 256 | 256` puts both
+// 256-token segments off the tile grid, `256 | 256 | 8` none.
+void Planner::align_segments(Plan& plan, size_t first, int32_t kv_tile) {
+  seg_scratch_.assign(plan.segments.begin() + static_cast<std::ptrdiff_t>(first), plan.segments.end());
+  size_t out = first;
+  int32_t tok = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // a stable partition without std::stable_partition's buffer
+    for (const PlanSegment& seg : seg_scratch_) {
+      if ((seg.len % kv_tile == 0) != (pass == 0)) continue;
+      plan.segments[out++] = PlanSegment{seg.slot_offset, tok, seg.len};
+      tok += seg.len;
+    }
+  }
 }
 
 // Every vnode's chunk length for a chunk target (vnodes longer than it: even chunks, rounded up to

@@ -40,6 +40,7 @@ class Planner {
   void assign_edges(const KvTree& tree, int g, Plan& plan);
   void build_vnodes(const KvTree& tree, Plan& plan);
   void build_items(int g, int num_kv_heads, Plan& plan);
+  void align_segments(Plan& plan, size_t first, int32_t kv_tile);
   void chunk_vnodes(int32_t target, const Plan& plan);
   int32_t balance_chunk_target(int32_t target0, int num_kv_heads, Plan& plan);
   void choose_folds(int num_kv_heads, Plan& plan);
@@ -67,6 +68,7 @@ class Planner {
   std::vector<int32_t> unit_cost_;     // balance_chunk_target: units' costs in KV tiles
   std::vector<int64_t> slot_free_;     // balance_chunk_target: CTAs' finish times (min-heap)
   std::vector<int64_t> priv_tokens_;   // balance_chunk_target: [V] folded private tokens per host
+  std::vector<PlanSegment> seg_scratch_;  // align_segments: one vnode's segments
 };
 
 }  // namespace fasttree
