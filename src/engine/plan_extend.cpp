@@ -97,7 +97,9 @@ bool extend_plan(Plan& plan, const KvTree& grown, const PlannerConfig& config, P
     }
   }
   // Items: the last chunk of every grown vnode gets the new token, unless the planner would chunk
-  // the grown vnode differently (Planner::build_items: chunk target from the total work).
+  // the grown vnode differently (Planner::build_items: chunk target from the total work). The
+  // target checked is the split_waves one; a plan whose chunks PlannerConfig::balance_chunks
+  // chose otherwise keeps them while they fit it, and is balanced again at its next re-plan.
   std::vector<int32_t>& first_chunk = w.first_chunk;
   std::vector<int32_t>& tiles = w.tiles;
   first_chunk.assign(static_cast<size_t>(nv), 0);
