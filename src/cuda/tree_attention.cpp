@@ -85,7 +85,7 @@ struct CudaTreeAttention::Impl {
   int num_sms = 0;
   int grid = 0;         // persistent CTAs (SMs x CTAs per SM): the largest launch
   bool fit_grid = true;  // CudaTreeAttentionOptions::fit_grid, resolved (false when ctas_per_sm is set)
-  int launch_grid = 0;   // the uploaded plan's launch: num_sms when its main units fit one per SM, else grid
+  int launch_grid = 0;   // the uploaded plan's launch: its main units clamped to [num_sms, grid], or grid
   int merge_grid = 0;
   int warp_max_kv = 0;  // resolved warp_unit_max_kv (0: warp-per-unit path off)
   int warp_min_units = 0;
@@ -552,7 +552,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
                                        : prefer_wide_merge(num_merge * sh.num_qo_heads, static_cast<int64_t>(plan.merge_rows.size()),
                                                            num_merge, m.merge_grid, sh.head_dim);
   m.num_partial_rows = rows_cap;
-  m.launch_grid = m.fit_grid && m.num_main_units <= m.num_sms ? std::min(m.grid, m.num_sms) : m.grid;
+  m.launch_grid = m.fit_grid ? std::min(m.grid, std::max(m.num_sms, m.num_main_units)) : m.grid;
   m.uploaded = true;
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
              has_warp = m.num_units > m.num_main_units;

@@ -113,11 +113,12 @@ struct CudaTreeAttentionOptions {
   // and the Q load at each unit's start costs more (GQA 16: 2-7 % slower; GQA 8: up to 11 %
   // slower on small trees, within 2 % on large ones) (cuda/PERF_NOTES.md, session 11).
   int deep_ring = -1;
-  // One CTA per SM for plans whose main-kernel units fit on the SMs one each (units <= SMs): with
-  // the full persistent grid, units i go to CTAs i, which the hardware places two to an SM, so half
-  // of such a plan's units would share an SM while other SMs idle (`1 2 64 / 8 256 32`, 128 units:
-  // 32/8 17.7 -> 16.6 us, 32/32 27.0 -> 25.4; cuda/PERF_NOTES.md session 17). < 0: the FT_FIT_GRID
-  // environment variable if set, else on; ignored when ctas_per_sm is set.
+  // A plan of fewer main-kernel units than persistent CTAs launches one CTA per unit (at least one
+  // per SM): with the full grid, unit i goes to CTA i, and the idle CTAs' start-up and the way the
+  // hardware places CTAs two to an SM slowed the working ones (`1 2 64 / 8 256 32`, 128 units: 32/8
+  // 17.6 -> 16.6 us, 32/32 27.2 -> 25.6; `1 10 / 4000 400` 16/1, 136 units: 16.8 -> 15.1;
+  // cuda/PERF_NOTES.md session 17). < 0: the FT_FIT_GRID environment variable if set, else on;
+  // ignored when ctas_per_sm is set.
   int fit_grid = -1;
   KvLayout kv_layout = KvLayout::kSlotMajor;
   // Slots per KV pool (S): required by the head-major layout; optional for slot-major, where it
