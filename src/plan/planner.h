@@ -4,8 +4,10 @@
 //   Planner planner(config);
 //   planner.build(tree, shape, plan);   // tree must satisfy validate_tree(); plan buffers reused
 //
-// build() is O(nodes + queries + items + partials) plus one sort of the items, and allocates
-// nothing once the planner's workspace and the plan's buffers have grown to the tree's size.
+// build() is O(nodes + queries + items + partials) plus one sort of the items (and, for plans of at
+// most a few rounds of units, five chunkings with a sort and a simulation of at most 4 x SMs x
+// split_waves units each: PlannerConfig::balance_chunks), and allocates nothing once the
+// planner's workspace and the plan's buffers have grown to the tree's size.
 #pragma once
 #include <cstdint>
 #include <vector>
