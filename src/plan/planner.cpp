@@ -310,10 +310,12 @@ void Planner::build_items(int g, int num_kv_heads, Plan& plan) {
     int64_t t = std::max<int64_t>(cfg_.min_chunk, static_cast<int64_t>(std::ceil(work / (cfg_.num_sms * cfg_.split_waves))));
     if (cfg_.max_chunk > 0) t = std::min(t, cfg_.max_chunk);
     target = static_cast<int32_t>(std::min<int64_t>(t, target));
-    if (cfg_.balance_chunks) target = balance_chunk_target(target, num_kv_heads, plan);
   }
-  chunk_vnodes(target, plan);
-  choose_folds(num_kv_heads, plan);
+  // balance_chunk_target leaves the chunks and folds of the target it returns in place.
+  if (!(cfg_.split && cfg_.balance_chunks && balance_chunk_target(target, num_kv_heads, plan) >= 0)) {
+    chunk_vnodes(target, plan);
+    choose_folds(num_kv_heads, plan);
+  }
   plan.query_direct.resize(plan.num_queries);
   for (int q = 0; q < plan.num_queries; ++q) plan.query_direct[q] = partials_[q] == 1;
 
@@ -411,15 +413,16 @@ void Planner::chunk_vnodes(int32_t target, const Plan& plan) {
 // of the time; a candidate must finish strictly first to replace target0 (ties going to longer
 // chunks made `1 16 64 / 1024 256 32` 32/32 10 % slower: its root became one 16-tile unit whose
 // 64-row tiles cost more than the model's). Folded leaves are counted in
-// their host's tiles (spread evenly over its query tiles).
+// their host's tiles (spread evenly over its query tiles). Returns the chosen target with its
+// chunks and folds (chunk_vnodes, choose_folds) in place, or -1 with nothing computed.
 int32_t Planner::balance_chunk_target(int32_t target0, int num_kv_heads, Plan& plan) {
   constexpr double kBalanceFactors[] = {1.0, 0.75, 1.25, 1.5, 2.0};
   constexpr int32_t kUnitStartTiles = 1;
   constexpr int kBalanceMaxWaves = 4;
   const int slots = static_cast<int>(std::lround(cfg_.num_sms * cfg_.split_waves));
   const int nv = plan.num_vnodes();
-  if (slots <= 0) return target0;
-  int32_t best = target0;
+  if (slots <= 0) return -1;
+  int32_t best = target0, last = -1;
   int64_t best_span = std::numeric_limits<int64_t>::max();
   for (double f : kBalanceFactors) {
     int64_t t = std::max<int64_t>(cfg_.min_chunk, std::llround(target0 * f));
@@ -428,6 +431,7 @@ int32_t Planner::balance_chunk_target(int32_t target0, int num_kv_heads, Plan& p
     if (f != 1.0 && target == target0) continue;
     chunk_vnodes(target, plan);
     choose_folds(num_kv_heads, plan);
+    last = target;
     priv_tokens_.assign(nv, 0);  // private tokens of the leaves actually folded, by host vnode
     for (int q = 0; q < plan.num_queries && cfg_.fold_max > 0; ++q)
       if (fold_[q] >= 0) priv_tokens_[host_vnode_[q]] += plan.vnode_len[fold_[q]];
@@ -450,7 +454,7 @@ int32_t Planner::balance_chunk_target(int32_t target0, int num_kv_heads, Plan& p
       }
     }
     if (too_many) {
-      if (f == 1.0) return target0;  // a large plan: rounds are many, the remainder is small
+      if (f == 1.0) return target0;  // a large plan: rounds are many, the remainder is small (state: target0's)
       continue;
     }
     std::sort(unit_cost_.begin(), unit_cost_.end(), std::greater<>());
@@ -467,6 +471,10 @@ int32_t Planner::balance_chunk_target(int32_t target0, int num_kv_heads, Plan& p
       best_span = span;
       best = target;
     }
+  }
+  if (last != best) {  // the state of the last candidate evaluated: redo the winner's
+    chunk_vnodes(best, plan);
+    choose_folds(num_kv_heads, plan);
   }
   return best;
 }
