@@ -248,7 +248,17 @@ TEST(CudaAttention, SanitizerSmall) {
   // Folded leaves (private pieces in 16-, 32- and 64-row blocks, tiles mixing shared and private
   // columns): every leaf of 10 tokens rides in its parent's item.
   const KvTree levels = tree_from_levels(std::vector<int64_t>{1, 2, 8}, std::vector<int64_t>{70, 20, 10});
+  // A 64-row block over a 300-token root, unsplit: full middle tiles in a row (the 3-stage kernel's
+  // pipelined path at d = 128, GQA < 8, its P passed through shared memory).
+  const KvTree runs = tree_from_levels(std::vector<int64_t>{1, 20}, std::vector<int64_t>{300, 8});
   for (int d : {64, 128, 256}) {
+    for (KvDType t : {KvDType::kF16, KvDType::kBF16}) {
+      const AttnShape s{8, 2, d};
+      const Tensors x(runs, s, t, 5);
+      const Reference ref(runs, s, x, s.default_sm_scale());
+      run_and_check(make_plan(runs, s, kVariants[2]), runs, s, t, x, ref, s.default_sm_scale(),
+                    std::string("sanitizer runs ") + dtype_name(t) + " d=" + std::to_string(d));
+    }
     for (KvDType t : {KvDType::kF16, KvDType::kBF16}) {
       for (const AttnShape s : {AttnShape{2, 2, d}, AttnShape{16, 1, d}}) {
         const Tensors x(tree, s, t, 3);
