@@ -549,8 +549,14 @@ TEST(CudaAttention, RowGroups) {
       const int g = cuda_detail::row_groups_of(rows, wide_only);
       EXPECT_GE(16 * g, rows) << rows << " rows, wide_only " << wide_only;
       EXPECT_EQ(g, rows <= 16 ? 1 : (rows <= 32 && !wide_only ? 2 : 4)) << rows << " rows, wide_only " << wide_only;
+      // A smallest class (FT_MIN_ROW_GROUPS) only ever raises the class, never below the rows.
+      EXPECT_EQ(cuda_detail::row_groups_of(rows, wide_only, 4), 4);
+      EXPECT_EQ(cuda_detail::row_groups_of(rows, wide_only, 2), std::max(g, 2));
+      EXPECT_EQ(cuda_detail::row_groups_of(rows, wide_only, 1), g);
     }
   }
+  for (int v : {-1, 0, 3, 5, 8}) EXPECT_FALSE(cuda_detail::valid_min_row_groups(v)) << v;
+  for (int v : {1, 2, 4}) EXPECT_TRUE(cuda_detail::valid_min_row_groups(v)) << v;
 }
 
 // CPU-only: the merge-kernel rule on the suite's shapes (grid = 8 CTAs on each of 132 SMs, d = 128):

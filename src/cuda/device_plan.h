@@ -39,8 +39,12 @@ static_assert(sizeof(BlockDesc) == 32);
 // by columns), 2 up to 32 (2 x 2 warps on mma.sync), else 4 (64-row tiles, on wgmma at d <= 128).
 // wide_only: the kernel has no 2-group path (the 3-stage kernel, TreeKernelConfig::kQGlobal):
 // 17-32 rows run as a 64-row tile, the rows past the block computed and not stored.
-inline int32_t row_groups_of(int32_t rows, bool wide_only) {
-  return rows <= 16 ? 1 : (rows <= 32 && !wide_only ? 2 : 4);
+// min_groups (1, 2 or 4; CudaTreeAttention's FT_MIN_ROW_GROUPS A/B knob): the smallest class used,
+// e.g. 4 runs every block as a 64-row tile, its missing rows computed and not stored.
+inline bool valid_min_row_groups(int32_t min_groups) { return min_groups == 1 || min_groups == 2 || min_groups == 4; }
+inline int32_t row_groups_of(int32_t rows, bool wide_only, int32_t min_groups = 1) {
+  const int32_t g = rows <= 16 ? 1 : (rows <= 32 && !wide_only ? 2 : 4);
+  return g > min_groups ? g : min_groups;
 }
 
 // Per (item, query of its tile): the query id and where its result goes: dst >= 0 is the final

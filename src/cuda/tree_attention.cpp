@@ -84,7 +84,7 @@ struct CudaTreeAttention::Impl {
   bool deep_ring = false;  // the 3-stage tree kernel (CudaTreeAttentionOptions::deep_ring)
   // Smallest row-group class of a main-kernel block (A/B knob FT_MIN_ROW_GROUPS, d <= 128): 4 runs
   // every block of <= 32 rows as a 64-row wgmma tile (its missing rows computed and not stored), 2
-  // blocks of <= 16 rows as 2 x 2 warps. 1 (the default, row_groups_of) measured best over the
+  // blocks of <= 16 rows as 2 x 2 warps (row_groups_of). 1 (the default) measured best over the
   // suite; per cell each of the three wins somewhere (PERF_NOTES.md, session 18).
   int min_row_groups = 1;
   int num_sms = 0;
@@ -237,7 +237,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
   m.min_row_groups = shape.head_dim <= 128 ? env_or(-1, "FT_MIN_ROW_GROUPS", 1) : 1;
-  FT_CHECK(m.min_row_groups == 1 || m.min_row_groups == 2 || m.min_row_groups == 4,
+  FT_CHECK(valid_min_row_groups(m.min_row_groups),
            "CUDA tree attention: FT_MIN_ROW_GROUPS must be 1, 2 or 4, got " + str(m.min_row_groups));
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
            "CUDA tree attention: the head-major KV layout needs kv_slots > 0, got " + str(options.kv_slots));
@@ -502,7 +502,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       const int32_t nr = std::min(kMaxBlockRows, rows - row0);
       BlockRecord& rec = records[b++];
       rec.desc = BlockDesc{static_cast<int32_t>(run - runs), m.vnode_run_begin[it.vnode + 1], it.kv_begin, it.kv_len,
-                           it.kv_len, row0, nr, std::max(m.min_row_groups, row_groups_of(nr, m.deep_ring))};
+                           it.kv_len, row0, nr, row_groups_of(nr, m.deep_ring, m.min_row_groups)};
       std::fill(rec.priv_end, rec.priv_end + kMaxBlockRows, uint16_t{0});
       const DeviceRun* rb = run;
       if (it.priv_count > 0) {  // own run list; the private region holds this block's queries' pieces
