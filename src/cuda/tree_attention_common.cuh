@@ -11,6 +11,17 @@
 
 namespace fasttree::cuda_detail {
 
+#ifndef FT_TREE_PAIR  // A/B builds: -DFT_TREE_PAIR=1 runs pairs of full middle tiles as 64 x 128 steps
+#define FT_TREE_PAIR 0
+#endif
+#ifndef FT_TREE_MIN_BLOCKS  // A/B builds: -DFT_TREE_MIN_BLOCKS=1 gives the d <= 128 kernels 1 CTA's registers
+#define FT_TREE_MIN_BLOCKS 2
+#endif
+
+#ifndef FT_TREE_DEEP_STAGES  // A/B builds: K/V ring depth of the 3-stage (kQGlobal) kernel
+#define FT_TREE_DEEP_STAGES 3
+#endif
+
 #ifndef FT_TREE_WGMMA  // A/B builds: -DFT_TREE_WGMMA=0 runs every tile on mma.sync (PERF_NOTES.md)
 #define FT_TREE_WGMMA 1
 #endif
@@ -26,10 +37,10 @@ struct TreeKernelConfig {
   // tile (the producer only prefetches the rows into L2), so no Q slots take shared memory and the
   // ring gets a third stage at two CTAs per SM (two stages and two 16 KB Q slots otherwise).
   static constexpr bool kQGlobal = kDeep && D == 128;
-  static constexpr int kStages = kQGlobal ? 3 : D <= 64 ? 4 : 2;
+  static constexpr int kStages = kQGlobal ? FT_TREE_DEEP_STAGES : D <= 64 ? 4 : 2;
   static constexpr int kQSlots = kQGlobal ? 0 : kStages;
   // Block records are gathered kLook units ahead into a ring of kRecSlots (tree_attention_producer.cuh).
-  static constexpr int kLook = kStages + 1;
+  static constexpr int kLook = kStages + 1 <= kMaxRecordLook ? kStages + 1 : kMaxRecordLook;
   static constexpr int kRecSlots = kStages + 2;
   static_assert(kLook <= kMaxRecordLook);
   // A record slot holds the whole BlockRecord, or at d = 64 the record without its tile table (the
@@ -39,7 +50,7 @@ struct TreeKernelConfig {
   static_assert(kRecSlotBytes % 16 == 0);
   static constexpr int kConsumerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + 32;
-  static constexpr int kMinBlocks = D <= 128 ? 2 : 1;  // CTAs per SM the register budget targets
+  static constexpr int kMinBlocks = D <= 128 ? FT_TREE_MIN_BLOCKS : 1;  // CTAs per SM the register budget targets
   static constexpr bool kQInRegs = D <= 128;           // d = 256 re-reads Q fragments from shared
   static constexpr bool kWgmma = FT_TREE_WGMMA && D <= 128;  // 64-row blocks on wgmma (consumer)
   // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kQSlots][kM][D] T, block

@@ -165,12 +165,22 @@ struct Consumer {
       rs[1][i] = sc[i][2] + sc[i][3];
     }
 #pragma unroll
-    for (int w = NT / 2; w >= 1; w /= 2)
+    for (int w = NT / 2; w >= 1; w /= 2) {
+      if constexpr (NT <= 8) {
 #pragma unroll
-      for (int i = 0; i < w; ++i) {
-        rs[0][i] += rs[0][i + w];
-        rs[1][i] += rs[1][i + w];
+        for (int i = 0; i < w; ++i) {
+          rs[0][i] += rs[0][i + w];
+          rs[1][i] += rs[1][i + w];
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NT / 2; ++i)  // constant bounds: NT = 16 is not unrolled otherwise
+          if (i < w) {
+            rs[0][i] += rs[0][i + w];
+            rs[1][i] += rs[1][i + w];
+          }
       }
+    }
     l[0] = fmaf(l[0], alpha[0], rs[0][0]);
     l[1] = fmaf(l[1], alpha[1], rs[1][0]);
     if (!first && __any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
@@ -286,6 +296,68 @@ struct Consumer {
     wgmma_wait<0>();
     fence_regs(o);
   }
+
+#if FT_TREE_PAIR
+  // Two consecutive full middle tiles (stages k0 / v0 and k1 / v1) as one 64 x 128 step: S of both
+  // into one accumulator, one online softmax over 128 columns, then the 8 P V k-steps. Halves the
+  // per-tile fixed chain (waits, row reductions, rescale decision) of the compute-bound cells.
+  __device__ void compute_wgmma_pair(uint32_t k0, uint32_t v0, uint32_t k1, uint32_t v1) {
+    constexpr uint32_t kBlk = 64 * 64 * 2;
+    float s0[8][4], s1[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s0[i][0] = s0[i][1] = s0[i][2] = s0[i][3] = 0.0f;
+      s1[i][0] = s1[i][1] = s1[i][2] = s1[i][3] = 0.0f;
+    }
+    fence_proxy_async();
+    fence_regs(s0);
+    fence_regs(s1);
+    wgmma_fence();
+    constexpr uint32_t kHi = gmma_desc_hi(1024);
+    const uint32_t kd0 = gmma_desc_lo(k0, 16), kd1 = gmma_desc_lo(k1, 16);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const uint32_t off = (kk / 4) * kBlk + (kk % 4) * 32;
+      wgmma_rs<T, 64>(s0, qf[kk], gmma_desc_at(kd0, kHi, off), kk > 0 ? 1 : 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const uint32_t off = (kk / 4) * kBlk + (kk % 4) * 32;
+      wgmma_rs<T, 64>(s1, qf[kk], gmma_desc_at(kd1, kHi, off), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s0);
+    fence_regs(s1);
+    float sc[16][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[i][e] = s0[i][e];
+        sc[8 + i][e] = s1[i][e];
+      }
+    online_softmax<16, false>(sc, 0, false, TreeMask{});
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      pa[j][0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+      pa[j][1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+      pa[j][2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+      pa[j][3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+    }
+    const uint32_t vd0 = gmma_desc_lo(v0, kBlk), vd1 = gmma_desc_lo(v1, kBlk);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wgmma_rs_tb<T, D>(o, pa[j], gmma_desc_at(vd0, kHi, j * 16 * 128));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wgmma_rs_tb<T, D>(o, pa[4 + j], gmma_desc_at(vd1, kHi, j * 16 * 128));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+#endif
 
   // Destination of block row r of Q slot qslot.
   __device__ int row_tab(int table, int qslot, int r) const {
@@ -496,6 +568,23 @@ struct Consumer {
         constexpr int kPlainMask = TileMetaBits::kFirst | TileMetaBits::kLast | TileMetaBits::kPriv | (7 << 4);
         if ((flags & kPlainMask) == (4 << 4) && count == kN) {
           const uint32_t kb = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
+#if FT_TREE_PAIR
+          if constexpr (Cfg::kStages >= 3) {
+            // A plain middle tile is never a unit's last, so a next tile of the same unit comes:
+            // wait for it here (its phase stays complete until this thread releases the stage).
+            const int ns = stage + 1 == Cfg::kStages ? 0 : stage + 1;
+            mbar_wait(&s.full[ns], ns == 0 ? parity ^ 1u : parity);
+            const int4 nm0 = s.meta[ns];
+            const int nflags = __shfl_sync(kFullMask, nm0.w, 0), ncount = __shfl_sync(kFullMask, nm0.y, 0);
+            if ((nflags & kPlainMask) == (4 << 4) && ncount == kN) {
+              const uint32_t kb1 = smem_addr(s.kv + static_cast<size_t>(ns) * Cfg::kKvStageBytes);
+              compute_wgmma_pair(kb, kb + kN * D * 2, kb1, kb1 + kN * D * 2);
+              release_stage();
+              release_stage();
+              continue;
+            }
+          }
+#endif
           compute_wgmma<false>(kb, kb + kN * D * 2, false, TreeMask{});
           release_stage();
           continue;
