@@ -18,6 +18,12 @@ namespace fasttree::cuda_detail {
 #define FT_TREE_MIN_BLOCKS 2
 #endif
 
+#ifndef FT_TREE_DEEP_MIN_BLOCKS  // A/B builds: CTAs per SM the 3-stage (kQGlobal) kernel's registers target
+#define FT_TREE_DEEP_MIN_BLOCKS FT_TREE_MIN_BLOCKS
+#endif
+#ifndef FT_TREE_LOOK_CAP  // A/B builds: at most this many block records gathered ahead (<= kMaxRecordLook)
+#define FT_TREE_LOOK_CAP kMaxRecordLook
+#endif
 #ifndef FT_TREE_DEEP_STAGES  // A/B builds: K/V ring depth of the 3-stage (kQGlobal) kernel
 #define FT_TREE_DEEP_STAGES 3
 #endif
@@ -40,8 +46,8 @@ struct TreeKernelConfig {
   static constexpr int kStages = kQGlobal ? FT_TREE_DEEP_STAGES : D <= 64 ? 4 : 2;
   static constexpr int kQSlots = kQGlobal ? 0 : kStages;
   // Block records are gathered kLook units ahead into a ring of kRecSlots (tree_attention_producer.cuh).
-  static constexpr int kLook = kStages + 1 <= kMaxRecordLook ? kStages + 1 : kMaxRecordLook;
-  static constexpr int kRecSlots = kStages + 2;
+  static constexpr int kLook = kStages + 1 <= FT_TREE_LOOK_CAP ? kStages + 1 : FT_TREE_LOOK_CAP;
+  static constexpr int kRecSlots = kLook + 1;
   static_assert(kLook <= kMaxRecordLook);
   // A record slot holds the whole BlockRecord, or at d = 64 the record without its tile table (the
   // record's last fields: its 4-stage ring leaves no room at 2 CTAs per SM).
@@ -50,7 +56,7 @@ struct TreeKernelConfig {
   static_assert(kRecSlotBytes % 16 == 0);
   static constexpr int kConsumerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + 32;
-  static constexpr int kMinBlocks = D <= 128 ? FT_TREE_MIN_BLOCKS : 1;  // CTAs per SM the register budget targets
+  static constexpr int kMinBlocks = D <= 128 ? (kQGlobal ? FT_TREE_DEEP_MIN_BLOCKS : FT_TREE_MIN_BLOCKS) : 1;  // CTAs per SM the register budget targets
   static constexpr bool kQInRegs = D <= 128;           // d = 256 re-reads Q fragments from shared
   static constexpr bool kWgmma = FT_TREE_WGMMA && D <= 128;  // 64-row blocks on wgmma (consumer)
   // Shared memory (bytes): K/V ring [kStages][2][kN][D] T, Q slots [kQSlots][kM][D] T, block
