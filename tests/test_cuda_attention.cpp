@@ -657,6 +657,34 @@ TEST(CudaAttention, TileSlotsFromRuns) {
   EXPECT_GT(short_units, 10);
 }
 
+// CPU-only: a block's first tile (tile_rotation) is within its tiles, spread over consecutive
+// blocks, and 0 wherever the producer could not issue every tile from the table (a tile left to
+// the run search, more tiles than the table, a single tile).
+TEST(CudaAttention, TileRotation) {
+  using cuda_detail::BlockRecord;
+  constexpr int kN = cuda_detail::kKvTile;
+  BlockRecord rec{};
+  for (int ntiles : {2, 5, 40, cuda_detail::kRecordTiles}) {
+    rec.desc.kv_len = ntiles * kN - 3;  // a partial last tile
+    for (int t = 0; t < cuda_detail::kRecordTiles; ++t) rec.tile_slot[t] = t % 3 == 0 ? -2 : 1000 + t * kN;
+    std::vector<int> seen(ntiles, 0);
+    for (int64_t block = 0; block < 4 * ntiles; ++block) {
+      const int32_t r = cuda_detail::tile_rotation(rec, block);
+      ASSERT_GE(r, 0);
+      ASSERT_LT(r, ntiles);
+      ++seen[r];
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 0) << ntiles << " tiles: every first tile is used";
+    rec.tile_slot[ntiles - 1] = -1;  // the last tile needs the run search
+    for (int64_t block = 0; block < 8; ++block) EXPECT_EQ(cuda_detail::tile_rotation(rec, block), 0);
+  }
+  for (int t = 0; t < cuda_detail::kRecordTiles; ++t) rec.tile_slot[t] = 1000 + t * kN;
+  rec.desc.kv_len = kN;  // one tile
+  EXPECT_EQ(cuda_detail::tile_rotation(rec, 5), 0);
+  rec.desc.kv_len = (cuda_detail::kRecordTiles + 1) * kN;  // past the table
+  EXPECT_EQ(cuda_detail::tile_rotation(rec, 5), 0);
+}
+
 // CPU-only: the per-request plan is a valid plan (validate_plan) and the CPU executor runs it exactly.
 TEST(CudaAttention, PerRequestPlanIsValidOnCpu) {
   RandomForestSpec spec;

@@ -31,7 +31,10 @@ struct BlockDesc {
                         // BlockRecord::priv[r]'s interval of them
   int32_t row0;         // first row of this block inside the item's tile
   int32_t rows;         // rows of this block, 1..64
-  int32_t row_groups;   // 1, 2 or 4 groups of 16 rows (tile class of the kernel; row_groups_of)
+  int32_t row_groups;   // bits 0-7: 1, 2 or 4 groups of 16 rows (tile class of the kernel;
+                        // row_groups_of); bits 8-15: the tile the unit starts at (0 .. 63; its tiles
+                        // run from there to the last and on from tile 0; upload() sets it only where
+                        // the tile table describes every tile: tile_rotation in tile_slots.h)
 };
 static_assert(sizeof(BlockDesc) == 32);
 
@@ -82,8 +85,8 @@ static_assert(sizeof(DeviceRun) == 16);
 //   tile_slot[t] == -1  none of these (the producer searches the runs).
 // Slots in the table are below INT32_MAX - 64 (TMA coordinates are int32).
 inline constexpr int kRecordRuns = 32;
-inline constexpr int kRecordTiles = 32;
-inline constexpr int kRecordBoxTiles = 8;  // tiles per record described by 8-row units
+inline constexpr int kRecordTiles = 64;
+inline constexpr int kRecordBoxTiles = 16;  // tiles per record described by 8-row units
 inline constexpr int kMaxPrivateTokens = 0x7fff;
 struct BlockRecord {
   BlockDesc desc;
@@ -99,7 +102,7 @@ inline constexpr int kRecordBytes = static_cast<int>(sizeof(BlockRecord));
 // Records each CTA gathers before it knows the unit count (TreeKernelConfig::kLook <= this): the
 // record array has at least kMaxRecordLook x grid entries.
 inline constexpr int kMaxRecordLook = 5;
-static_assert(kRecordBytes == 1568 && kRecordBytes % 16 == 0);
+static_assert(kRecordBytes == 1952 && kRecordBytes % 16 == 0);
 // The kernel's record slots may drop the tile table (TreeKernelConfig::kRecSlotBytes): it is last.
 inline constexpr int kRecordTableBytes = static_cast<int>(sizeof(BlockRecord::tile_slot) + sizeof(BlockRecord::tile_box));
 static_assert(offsetof(BlockRecord, tile_slot) + kRecordTableBytes == sizeof(BlockRecord));

@@ -63,4 +63,18 @@ inline void fill_tile_slots(BlockRecord& rec, const DeviceRun* rb, const DeviceR
   }
 }
 
+// First tile (0 .. 63) of block number `block` whose table rec (fill_tile_slots) describes every
+// tile: its tiles then run from that tile to the last and on from tile 0, which the producer
+// issues from the table alone (a tile outside the table would need the forward-only run search:
+// 0 for those blocks). Consecutive blocks start spread over the block's tiles (a stride of 37
+// tiles), so that the cold private tiles at the end of every unit (folded leaves) are not read
+// from DRAM by all CTAs at once.
+inline int32_t tile_rotation(const BlockRecord& rec, int64_t block) {
+  const int64_t ntiles = (static_cast<int64_t>(rec.desc.kv_len) + kKvTile - 1) / kKvTile;
+  if (ntiles <= 1 || ntiles > kRecordTiles) return 0;
+  for (int64_t t = 0; t < ntiles; ++t)
+    if (rec.tile_slot[t] == -1) return 0;
+  return static_cast<int32_t>((block * 37) % ntiles);
+}
+
 }  // namespace fasttree::cuda_detail

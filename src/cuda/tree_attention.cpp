@@ -87,6 +87,11 @@ struct CudaTreeAttention::Impl {
   // blocks of <= 16 rows as 2 x 2 warps (row_groups_of). 1 (the default) measured best over the
   // suite; per cell each of the three wins somewhere (PERF_NOTES.md, session 18).
   int min_row_groups = 1;
+  // Start each unit with private pieces at a different tile (BlockDesc::row_groups bits 8-15), so
+  // that the units' cold private tiles (their folded leaves, read from DRAM) do not all fall in the
+  // same phase of the launch (FT_ROTATE_TILES; PERF_NOTES.md, session 19).
+  bool rotate_tiles = true;
+  static constexpr int64_t kRotateMaxSharedBytes = int64_t{16} << 20;
   int num_sms = 0;
   int grid = 0;         // persistent CTAs (SMs x CTAs per SM): the largest launch
   bool fit_grid = true;  // CudaTreeAttentionOptions::fit_grid, resolved (false when ctas_per_sm is set)
@@ -237,6 +242,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
   m.min_row_groups = shape.head_dim <= 128 ? env_or(-1, "FT_MIN_ROW_GROUPS", 1) : 1;
+  m.rotate_tiles = env_or(-1, "FT_ROTATE_TILES", 1) != 0;
   FT_CHECK(valid_min_row_groups(m.min_row_groups),
            "CUDA tree attention: FT_MIN_ROW_GROUPS must be 1, 2 or 4, got " + str(m.min_row_groups));
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
@@ -488,6 +494,21 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   for (const PlanItem& it : plan.items) num_short_units += short_item(it) ? sh.num_kv_heads : 0;
   const bool use_warp = num_short_units > 0 && num_short_units >= m.warp_min_units;
   auto warp_item = [&](const PlanItem& it) { return use_warp && short_item(it); };
+  // Rotation desynchronizes the units' reads of their shared chunks too; it pays only while those
+  // stay in L2 (measured: `1 1024` 32/8, 8 MB of shared K/V, 4 % faster; 32/32, 34 MB, 24 % slower).
+  // Shared bytes are estimated as the distinct (vnode, chunk) spans of the items with private pieces.
+  bool rotate = false;
+  if (m.rotate_tiles) {
+    std::vector<std::array<int64_t, 3>> chunks;
+    for (const PlanItem& it : plan.items)
+      if (it.priv_count > 0) chunks.push_back({it.vnode, it.kv_begin, it.kv_len});
+    std::sort(chunks.begin(), chunks.end());
+    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+    int64_t tokens = 0;
+    for (const auto& c : chunks) tokens += c[2];
+    const int64_t bytes = tokens * sh.num_kv_heads * sh.head_dim * 4;  // K and V, 2 bytes an element
+    rotate = !chunks.empty() && bytes <= Impl::kRotateMaxSharedBytes;
+  }
   int64_t b = 0, num_main_blocks = 0;
   for (int pass = 0; pass < 2; ++pass)
   for (size_t i = 0; i < plan.items.size(); ++i) {
@@ -523,6 +544,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       const int64_t nruns = std::min<int64_t>(kRecordRuns, runs + rec.desc.seg_end - rb);
       std::copy(rb, rb + nruns, rec.runs);
       fill_tile_slots(rec, rb, runs + rec.desc.seg_end);
+      if (it.priv_count > 0 && rotate && m.use_tma && sh.head_dim >= 128)  // the kernels with the tile table
+        rec.desc.row_groups |= tile_rotation(rec, b - 1) << 8;
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile
         const int32_t q = plan.vnode_queries[it.q_begin + j];

@@ -358,7 +358,8 @@ struct Producer {
     const T* vg = static_cast<const T*>(p.v);
     const uint32_t sk = smem_addr(s.kv + static_cast<size_t>(stage) * Cfg::kKvStageBytes);
     const uint32_t sv = sk + kN * D * 2;
-    const int fill = Cfg::kWgmma && (c.d.row_groups == 4 || (Cfg::kQGlobal && c.d.row_groups == 2)) ? kN : (count + 15) & ~15;
+    const int rg = c.d.row_groups & 0xff;
+    const int fill = Cfg::kWgmma && (rg == 4 || (Cfg::kQGlobal && rg == 2)) ? kN : (count + 15) & ~15;
     if (tma_slot <= -2) {
 #if FT_TRACE
       tr_search_end = clock64();
@@ -529,7 +530,7 @@ struct Producer {
     UnitCtx a;
     int stage = 0;
     uint32_t parity = 1;  // empty barriers: the first round passes at once
-    int seq = 0, t = 0, ntiles = 0;
+    int seq = 0, t = 0, ntiles = 0, rot = 0;
     const int* tile_slots = nullptr;  // the current unit's BlockRecord::tile_slot (its record slot stays until the unit is issued)
     [[maybe_unused]] uint64_t sum_wait = 0, sum_issue = 0;  // FT_TRACE sums
 #if FT_TRACE
@@ -559,6 +560,7 @@ struct Producer {
         tile_slots = reinterpret_cast<const BlockRecord*>(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * Cfg::kRecSlotBytes)->tile_slot;
         if (FT_TRACE && seq == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstRecord);
         ntiles = (a.d.kv_len + kN - 1) / kN;
+        rot = a.d.row_groups >> 8;  // BlockDesc::row_groups bits 8-15: the unit's first tile
       }
 #if FT_TRACE
       c1 = clock64();
@@ -566,8 +568,11 @@ struct Producer {
       c0 = c1;
 #endif
       const bool last = t == ntiles - 1;
-      const int count = min(kN, a.d.kv_len - t * kN);
-      const int tma_slot = p.use_tma && t < Cfg::kRecTiles ? tile_slots[t] : -1;
+      // Physical tile of sequence index t: the tiles run from tile rot to the end, then from tile 0
+      // (upload() sets rot > 0 only where every tile is in the tile table: no run search).
+      const int pt_idx = t + rot < ntiles ? t + rot : t + rot - ntiles;
+      const int count = min(kN, a.d.kv_len - pt_idx * kN);
+      const int tma_slot = p.use_tma && pt_idx < Cfg::kRecTiles ? tile_slots[pt_idx] : -1;
       const int qslot = seq % Cfg::kStages;
       if (t == 0) issue_q(a, qslot);
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstQ);
@@ -576,7 +581,7 @@ struct Producer {
       cy[1] += c1 - c0;
       c0 = c1;
 #endif
-      issue_kv(a, t, count, stage, tma_slot, tile_slots + kRecordTiles, FT_TRACE && seq == 0 && t == 0);
+      issue_kv(a, pt_idx, count, stage, tma_slot, tile_slots + kRecordTiles, FT_TRACE && seq == 0 && t == 0);
 #if FT_TRACE
       c1 = clock64();
       cy[2] += tr_search_end - c0;
@@ -591,9 +596,9 @@ struct Producer {
       }
       c0 = c1;
 #endif
-      const int pt = t * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
+      const int pt = pt_idx * kN - a.d.shared_len;  // tile start in the private region (< 0: shared columns first)
       const int flags = (t == 0 ? TileMetaBits::kFirst : 0) | (last ? TileMetaBits::kLast : 0) |
-                        (a.d.row_groups << 4) | (qslot << 8) |
+                        ((a.d.row_groups & 0xff) << 4) | (qslot << 8) |
                         (pt + count > 0 ? TileMetaBits::kPriv | ((pt + 64) << 16) : 0);
       publish(stage, make_int4(a.unit, count, a.rows_meta, flags));
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstIssue);
