@@ -30,6 +30,7 @@
 
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
+#include "cuda_check_exit.h"
 
 using fasttree::cuda_detail::fast_exp2;
 using fasttree::cuda_detail::fence_proxy_async;
@@ -51,14 +52,6 @@ using fasttree::cuda_detail::wgmma_rs;
 using fasttree::cuda_detail::wgmma_rs_tb;
 using fasttree::cuda_detail::wgmma_wait;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 

@@ -254,6 +254,19 @@ struct Consumer {
   // bandwidth there is).
   static constexpr bool kWgmma = Cfg::kWgmma;
 
+  // P as wgmma A fragments (the mma.sync m16n8k16 A layout per warp): k-step j of 16 tokens from
+  // the S accumulator's n-tiles 2 j and 2 j + 1.
+  template <int J>
+  static __device__ __forceinline__ void pack_p(const float (&sc)[2 * J][4], uint32_t (&pa)[J][4]) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      pa[j][0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+      pa[j][1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+      pa[j][2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+      pa[j][3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+    }
+  }
+
   // masked: a tile with fewer than 64 tokens or with private tokens; its columns outside tm's
   // visible set get -inf (the producer zero-fills K/V rows [count, 64) of wgmma units, so P = 0
   // there multiplies finite V).
@@ -278,13 +291,7 @@ struct Consumer {
     fence_regs(sc);
     online_softmax<8, kMasked>(sc, 0, first, tm);
     uint32_t pa[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      pa[j][0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
-      pa[j][1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
-      pa[j][2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-      pa[j][3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
-    }
+    pack_p(sc, pa);
     const uint32_t vd = gmma_desc_lo(v_base, kBlk);
     fence_regs(o);
     wgmma_fence();
@@ -339,13 +346,7 @@ struct Consumer {
       }
     online_softmax<16, false>(sc, 0, false, TreeMask{});
     uint32_t pa[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      pa[j][0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
-      pa[j][1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
-      pa[j][2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-      pa[j][3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
-    }
+    pack_p(sc, pa);
     const uint32_t vd0 = gmma_desc_lo(v0, kBlk), vd1 = gmma_desc_lo(v1, kBlk);
     fence_regs(o);
     wgmma_fence();
