@@ -14,7 +14,7 @@
 // [tokens][128] fp16 random, O [rows][128] fp32; sampled rows are checked against fp64.
 //
 // Built by CMake with the benchmarks (FASTTREE_BENCH, CUDA): build-gpu/wg_layout_probe.
-// Usage: wg_layout_probe [rows tokens]   (default 50688 2048; rows a multiple of 384 x ... of 192)
+// Usage: wg_layout_probe [rows tokens]   (default 50688 2048; rows a multiple of 384, tokens of 128)
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -339,8 +339,12 @@ bool run(const Params& base, int sms, const std::vector<__half>& hq, const std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rows = argc > 2 ? std::atoi(argv[1]) : 50688, tokens = argc > 2 ? std::atoi(argv[2]) : 2048;
-  if (rows <= 0 || tokens <= 0 || rows % 384 != 0 || rows % 192 != 0 || tokens % 128 != 0) {
+  if (argc != 1 && argc != 3) {
+    std::fprintf(stderr, "usage: wg_layout_probe [rows tokens]\n");
+    return 2;
+  }
+  const int rows = argc == 3 ? std::atoi(argv[1]) : 50688, tokens = argc == 3 ? std::atoi(argv[2]) : 2048;
+  if (rows <= 0 || tokens <= 0 || rows % 384 != 0 || tokens % 128 != 0) {
     std::fprintf(stderr, "rows must be a positive multiple of 384 and tokens of 128\n");
     return 2;
   }

@@ -34,7 +34,8 @@ struct BlockDesc {
   int32_t row_groups;   // bits 0-7: 1, 2 or 4 groups of 16 rows (tile class of the kernel;
                         // row_groups_of); bits 8-15: the tile the unit starts at (0 .. 63; its tiles
                         // run from there to the last and on from tile 0; upload() sets it only where
-                        // the tile table describes every tile: tile_rotation in tile_slots.h)
+                        // the tile table describes every tile, tile_rotation in tile_slots.h, and the
+                        // producer applies it only with the table and TMA)
 };
 static_assert(sizeof(BlockDesc) == 32);
 

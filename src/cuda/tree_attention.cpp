@@ -92,6 +92,7 @@ struct CudaTreeAttention::Impl {
   // same phase of the launch (FT_ROTATE_TILES; PERF_NOTES.md, session 19).
   bool rotate_tiles = true;
   static constexpr int64_t kRotateMaxSharedBytes = int64_t{16} << 20;
+  std::vector<std::array<int64_t, 3>> rotate_chunks;  // upload() scratch (vnode, kv_begin, kv_len), reused
   int num_sms = 0;
   int grid = 0;         // persistent CTAs (SMs x CTAs per SM): the largest launch
   bool fit_grid = true;  // CudaTreeAttentionOptions::fit_grid, resolved (false when ctas_per_sm is set)
@@ -499,7 +500,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   // Shared bytes are estimated as the distinct (vnode, chunk) spans of the items with private pieces.
   bool rotate = false;
   if (m.rotate_tiles) {
-    std::vector<std::array<int64_t, 3>> chunks;
+    std::vector<std::array<int64_t, 3>>& chunks = m.rotate_chunks;
+    chunks.clear();
     for (const PlanItem& it : plan.items)
       if (it.priv_count > 0) chunks.push_back({it.vnode, it.kv_begin, it.kv_len});
     std::sort(chunks.begin(), chunks.end());
@@ -544,7 +546,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       const int64_t nruns = std::min<int64_t>(kRecordRuns, runs + rec.desc.seg_end - rb);
       std::copy(rb, rb + nruns, rec.runs);
       fill_tile_slots(rec, rb, runs + rec.desc.seg_end);
-      if (it.priv_count > 0 && rotate && m.use_tma && sh.head_dim >= 128)  // the kernels with the tile table
+      if (it.priv_count > 0 && rotate)  // the producer ignores it without the tile table or TMA
         rec.desc.row_groups |= tile_rotation(rec, b - 1) << 8;
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile

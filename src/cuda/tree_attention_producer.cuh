@@ -560,9 +560,10 @@ struct Producer {
         tile_slots = reinterpret_cast<const BlockRecord*>(s.rec + static_cast<size_t>(seq % Cfg::kRecSlots) * Cfg::kRecSlotBytes)->tile_slot;
         if (FT_TRACE && seq == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstRecord);
         ntiles = (a.d.kv_len + kN - 1) / kN;
-        // BlockDesc::row_groups bits 8-15: the unit's first tile. Without TMA (descriptors that did
-        // not encode at run time) every tile takes the forward-only run search: in order, then.
-        rot = p.use_tma ? a.d.row_groups >> 8 : 0;
+        // BlockDesc::row_groups bits 8-15: the unit's first tile. Without the tile table (d = 64)
+        // or TMA (descriptors that did not encode at run time) every tile takes the forward-only
+        // run search: in order, then.
+        rot = Cfg::kRecTiles > 0 && p.use_tma ? a.d.row_groups >> 8 : 0;
       }
 #if FT_TRACE
       c1 = clock64();
