@@ -31,6 +31,7 @@
 #include "cpu/reference.h"
 #include "cuda/backend.h"
 #include "cuda/merge_choice.h"
+#include "cuda/rotation_rule.h"
 #include "cuda/tile_slots.h"
 #include "plan/per_request_plan.h"
 #include "plan/plan.h"
@@ -683,6 +684,55 @@ TEST(CudaAttention, TileRotation) {
   EXPECT_EQ(cuda_detail::tile_rotation(rec, 5), 0);
   rec.desc.kv_len = (cuda_detail::kRecordTiles + 1) * kN;  // past the table
   EXPECT_EQ(cuda_detail::tile_rotation(rec, 5), 0);
+}
+
+// CPU-only: the rotation rule (rotation_rule.h) counts the chunks of the items with private pieces
+// once each, virtually (per vnode) or physically (the union of their slots), against the budget.
+TEST(CudaAttention, RotationRule) {
+  using namespace cuda_detail;
+  Plan plan;
+  auto item = [](int vnode, int begin, int len, int priv) {
+    PlanItem it{vnode, begin, len, 0, 4, 0, -1};
+    it.priv_count = priv;
+    it.priv_len = priv * 16;
+    return it;
+  };
+  // vnode 0's chunk [0, 1000) twice (two query tiles), vnode 1's [200, 1200), vnode 2 without
+  // private pieces (never counted).
+  plan.items = {item(0, 0, 1000, 2), item(0, 0, 1000, 3), item(1, 200, 1000, 1), item(2, 0, 5000, 0)};
+  // Physical layout: vnode 0 = slots [0, 1000); vnode 1 = an ancestor's slots [500, 1000) then its
+  // own [7000, 7700) (token t at 500 + t, then 7000 + t - 500); vnode 2 = [9000, 14000).
+  int calls = 0;
+  auto ranges = [&](int vn, int64_t b, int64_t len, auto&& emit) {
+    ++calls;
+    if (vn == 0) {
+      emit(b, len);
+    } else if (vn == 1) {
+      const int64_t e = b + len;
+      if (b < 500) emit(500 + b, std::min<int64_t>(e, 500) - b);
+      if (e > 500) {
+        const int64_t lo = std::max<int64_t>(b, 500);
+        for (int64_t t = lo; t < e; t += 100) emit(7000 + t - 500, std::min<int64_t>(100, e - t));  // pieces
+      }
+    } else {
+      ADD_FAILURE() << "vnode 2 has no private pieces";
+    }
+  };
+  constexpr int64_t kBpt = 4 * 8 * 128;  // bytes per token: 8 KV heads, d = 128
+  RotateScratch sc;
+  // Virtual: 1000 + 1000 tokens.
+  EXPECT_TRUE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt - 1, sc, ranges));
+  EXPECT_EQ(calls, 0);
+  // Physical: [0, 1000) U [700, 1000) U [7000, 7700) = 1700 slots.
+  EXPECT_TRUE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, sc, ranges));
+  EXPECT_EQ(calls, 2) << "each distinct chunk once";
+  EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt - 1, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotateOff, kBpt, int64_t{1} << 40, sc, ranges));
+  // No item with private pieces: nothing to rotate, whatever the budget.
+  for (PlanItem& it : plan.items) it.priv_count = 0;
+  EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, int64_t{1} << 40, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotateVirtual, kBpt, int64_t{1} << 40, sc, ranges));
 }
 
 // CPU-only: the per-request plan is a valid plan (validate_plan) and the CPU executor runs it exactly.

@@ -15,6 +15,7 @@
 #include "cuda/device_plan.h"
 #include "cuda/kernels.h"
 #include "cuda/merge_choice.h"
+#include "cuda/rotation_rule.h"
 #include "cuda/tile_slots.h"
 #include "cuda/tma_desc.h"
 
@@ -90,9 +91,10 @@ struct CudaTreeAttention::Impl {
   // Start each unit with private pieces at a different tile (BlockDesc::row_groups bits 8-15), so
   // that the units' cold private tiles (their folded leaves, read from DRAM) do not all fall in the
   // same phase of the launch (FT_ROTATE_TILES; PERF_NOTES.md, session 19).
-  bool rotate_tiles = true;
-  static constexpr int64_t kRotateMaxSharedBytes = int64_t{16} << 20;
-  std::vector<std::array<int64_t, 3>> rotate_chunks;  // upload() scratch (vnode, kv_begin, kv_len), reused
+  // FT_ROTATE_TILES: RotateMode (rotation_rule.h); FT_ROTATE_MAX_MB: its L2 budget for shared chunks.
+  int rotate_mode = kRotateVirtual;
+  int64_t rotate_budget = int64_t{16} << 20;
+  RotateScratch rotate_scratch;  // upload()'s, reused
   int num_sms = 0;
   int grid = 0;         // persistent CTAs (SMs x CTAs per SM): the largest launch
   bool fit_grid = true;  // CudaTreeAttentionOptions::fit_grid, resolved (false when ctas_per_sm is set)
@@ -243,7 +245,10 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
   m.min_row_groups = shape.head_dim <= 128 ? env_or(-1, "FT_MIN_ROW_GROUPS", 1) : 1;
-  m.rotate_tiles = env_or(-1, "FT_ROTATE_TILES", 1) != 0;
+  m.rotate_mode = env_or(-1, "FT_ROTATE_TILES", kRotateVirtual);
+  FT_CHECK(m.rotate_mode >= kRotateOff && m.rotate_mode <= kRotatePhysical,
+           "CUDA tree attention: FT_ROTATE_TILES must be 0, 1 or 2, got " + str(m.rotate_mode));
+  m.rotate_budget = int64_t{std::max(0, env_or(-1, "FT_ROTATE_MAX_MB", 16))} << 20;
   FT_CHECK(valid_min_row_groups(m.min_row_groups),
            "CUDA tree attention: FT_MIN_ROW_GROUPS must be 1, 2 or 4, got " + str(m.min_row_groups));
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
@@ -495,22 +500,20 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   for (const PlanItem& it : plan.items) num_short_units += short_item(it) ? sh.num_kv_heads : 0;
   const bool use_warp = num_short_units > 0 && num_short_units >= m.warp_min_units;
   auto warp_item = [&](const PlanItem& it) { return use_warp && short_item(it); };
-  // Rotation desynchronizes the units' reads of their shared chunks too; it pays only while those
-  // stay in L2 (measured: `1 1024` 32/8, 8 MB of shared K/V, 4 % faster; 32/32, 34 MB, 24 % slower).
-  // Shared bytes are estimated as the distinct (vnode, chunk) spans of the items with private pieces.
-  bool rotate = false;
-  if (m.rotate_tiles) {
-    std::vector<std::array<int64_t, 3>>& chunks = m.rotate_chunks;
-    chunks.clear();
-    for (const PlanItem& it : plan.items)
-      if (it.priv_count > 0) chunks.push_back({it.vnode, it.kv_begin, it.kv_len});
-    std::sort(chunks.begin(), chunks.end());
-    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
-    int64_t tokens = 0;
-    for (const auto& c : chunks) tokens += c[2];
-    const int64_t bytes = tokens * sh.num_kv_heads * sh.head_dim * 4;  // K and V, 2 bytes an element
-    rotate = !chunks.empty() && bytes <= Impl::kRotateMaxSharedBytes;
-  }
+  // Whether the items with private pieces rotate their tiles (rotation_rule.h; measured: `1 1024`
+  // 32/8, 8 MB of shared K/V, 4 % faster; 32/32, 34 MB, 24 % slower).
+  const bool rotate = choose_rotation(
+      plan, m.rotate_mode, int64_t{4} * sh.num_kv_heads * sh.head_dim, m.rotate_budget, m.rotate_scratch,
+      [&](int vn, int64_t begin, int64_t len, auto&& emit) {
+        const DeviceRun* r = runs + m.vnode_run_begin[vn];
+        const DeviceRun* r_end = runs + m.vnode_run_begin[vn + 1];
+        r = std::upper_bound(r, r_end, begin, [](int64_t t, const DeviceRun& x) { return t < x.token_begin; }) - 1;
+        for (; r < r_end && r->token_begin < begin + len; ++r) {
+          const int64_t lo = std::max<int64_t>(begin, r->token_begin);
+          const int64_t hi = std::min<int64_t>(begin + len, int64_t{r->token_begin} + r->len);
+          emit(r->slot + (lo - r->token_begin), hi - lo);
+        }
+      });
   int64_t b = 0, num_main_blocks = 0;
   for (int pass = 0; pass < 2; ++pass)
   for (size_t i = 0; i < plan.items.size(); ++i) {
