@@ -691,29 +691,40 @@ TEST(CudaAttention, TileRotation) {
 TEST(CudaAttention, RotationRule) {
   using namespace cuda_detail;
   Plan plan;
-  auto item = [](int vnode, int begin, int len, int priv) {
+  // Items with private pieces get one 32-token piece each (vnodes 3, 4, ...: slots 20000 + 32 k).
+  auto item = [&](int vnode, int begin, int len, int priv) {
     PlanItem it{vnode, begin, len, 0, 4, 0, -1};
+    it.priv_begin = static_cast<int32_t>(plan.privates.size());
     it.priv_count = priv;
-    it.priv_len = priv * 16;
+    it.priv_len = priv * 32;
+    for (int k = 0; k < priv; ++k)
+      plan.privates.push_back(PlanPrivate{3 + static_cast<int32_t>(plan.privates.size()), k, 32 * k, 32});
     return it;
   };
   // vnode 0's chunk [0, 1000) twice (two query tiles), vnode 1's [200, 1200), vnode 2 without
   // private pieces (never counted).
   plan.items = {item(0, 0, 1000, 2), item(0, 0, 1000, 3), item(1, 200, 1000, 1), item(2, 0, 5000, 0)};
   // Physical layout: vnode 0 = slots [0, 1000); vnode 1 = an ancestor's slots [500, 1000) then its
-  // own [7000, 7700) (token t at 500 + t, then 7000 + t - 500); vnode 2 = [9000, 14000).
-  int calls = 0;
+  // own [7000, 7700) (token t at 500 + t, then 7000 + t - 500); vnode 2 = [9000, 14000); pieces as
+  // above, except vnode `dup_vnode`, which re-reads [20016, 20048) (a folded internal node read again
+  // by a leaf's piece).
+  int chunk_calls = 0, dup_vnode = -1;
   auto ranges = [&](int vn, int64_t b, int64_t len, auto&& emit) {
-    ++calls;
     if (vn == 0) {
+      ++chunk_calls;
       emit(b, len);
     } else if (vn == 1) {
+      ++chunk_calls;
       const int64_t e = b + len;
       if (b < 500) emit(500 + b, std::min<int64_t>(e, 500) - b);
       if (e > 500) {
         const int64_t lo = std::max<int64_t>(b, 500);
         for (int64_t t = lo; t < e; t += 100) emit(7000 + t - 500, std::min<int64_t>(100, e - t));  // pieces
       }
+    } else if (vn >= 3) {
+      ASSERT_EQ(b, 0);
+      ASSERT_EQ(len, 32);
+      emit(vn == dup_vnode ? 20016 : 20000 + 32 * (vn - 3), len);
     } else {
       ADD_FAILURE() << "vnode 2 has no private pieces";
     }
@@ -723,12 +734,17 @@ TEST(CudaAttention, RotationRule) {
   // Virtual: 1000 + 1000 tokens.
   EXPECT_TRUE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, sc, ranges));
   EXPECT_FALSE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt - 1, sc, ranges));
-  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(chunk_calls, 0);
   // Physical: [0, 1000) U [700, 1000) U [7000, 7700) = 1700 slots.
   EXPECT_TRUE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, sc, ranges));
-  EXPECT_EQ(calls, 2) << "each distinct chunk once";
+  EXPECT_EQ(chunk_calls, 2) << "each distinct chunk once";
   EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt - 1, sc, ranges));
   EXPECT_FALSE(choose_rotation(plan, kRotateOff, kBpt, int64_t{1} << 40, sc, ranges));
+  // Two pieces on shared slots: the physical rule does not rotate, the virtual one ignores pieces.
+  dup_vnode = 4;
+  EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, sc, ranges));
+  EXPECT_TRUE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, sc, ranges));
+  dup_vnode = -1;
   // No item with private pieces: nothing to rotate, whatever the budget.
   for (PlanItem& it : plan.items) it.priv_count = 0;
   EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, int64_t{1} << 40, sc, ranges));

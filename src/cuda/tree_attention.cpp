@@ -92,7 +92,7 @@ struct CudaTreeAttention::Impl {
   // that the units' cold private tiles (their folded leaves, read from DRAM) do not all fall in the
   // same phase of the launch (FT_ROTATE_TILES; PERF_NOTES.md, session 19).
   // FT_ROTATE_TILES: RotateMode (rotation_rule.h); FT_ROTATE_MAX_MB: its L2 budget for shared chunks.
-  int rotate_mode = kRotateVirtual;
+  int rotate_mode = kRotatePhysical;
   int64_t rotate_budget = int64_t{16} << 20;
   RotateScratch rotate_scratch;  // upload()'s, reused
   int num_sms = 0;
@@ -245,7 +245,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
   m.min_row_groups = shape.head_dim <= 128 ? env_or(-1, "FT_MIN_ROW_GROUPS", 1) : 1;
-  m.rotate_mode = env_or(-1, "FT_ROTATE_TILES", kRotateVirtual);
+  m.rotate_mode = env_or(-1, "FT_ROTATE_TILES", kRotatePhysical);
   FT_CHECK(m.rotate_mode >= kRotateOff && m.rotate_mode <= kRotatePhysical,
            "CUDA tree attention: FT_ROTATE_TILES must be 0, 1 or 2, got " + str(m.rotate_mode));
   m.rotate_budget = int64_t{std::max(0, env_or(-1, "FT_ROTATE_MAX_MB", 16))} << 20;
@@ -505,9 +505,10 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   const bool rotate = choose_rotation(
       plan, m.rotate_mode, int64_t{4} * sh.num_kv_heads * sh.head_dim, m.rotate_budget, m.rotate_scratch,
       [&](int vn, int64_t begin, int64_t len, auto&& emit) {
-        const DeviceRun* r = runs + m.vnode_run_begin[vn];
+        const DeviceRun* r_first = runs + m.vnode_run_begin[vn];
         const DeviceRun* r_end = runs + m.vnode_run_begin[vn + 1];
-        r = std::upper_bound(r, r_end, begin, [](int64_t t, const DeviceRun& x) { return t < x.token_begin; }) - 1;
+        const DeviceRun* r = std::upper_bound(r_first, r_end, begin, [](int64_t t, const DeviceRun& x) { return t < x.token_begin; });
+        if (r != r_first) --r;
         for (; r < r_end && r->token_begin < begin + len; ++r) {
           const int64_t lo = std::max<int64_t>(begin, r->token_begin);
           const int64_t hi = std::min<int64_t>(begin + len, int64_t{r->token_begin} + r->len);
