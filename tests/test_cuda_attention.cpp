@@ -680,16 +680,6 @@ TEST(CudaAttention, TileRotation) {
     for (int64_t block = 0; block < 8; ++block) EXPECT_EQ(cuda_detail::tile_rotation(rec, block), 0);
   }
   for (int t = 0; t < cuda_detail::kRecordTiles; ++t) rec.tile_slot[t] = 1000 + t * kN;
-  // A window: 40 tiles of which 32 shared; window 0.25 -> starts among the first 8 tiles.
-  rec.desc.kv_len = 40 * kN;
-  rec.desc.shared_len = 32 * kN - 5;
-  {
-    std::vector<int> seen(40, 0);
-    for (int64_t block = 0; block < 64; ++block) ++seen[cuda_detail::tile_rotation(rec, block, 0.25)];
-    for (int t = 0; t < 40; ++t) EXPECT_EQ(seen[t] > 0, t < 8) << "tile " << t;
-    EXPECT_EQ(cuda_detail::tile_rotation(rec, 5, 0.03), 0) << "a window of one tile";
-    EXPECT_EQ(cuda_detail::tile_rotation(rec, 5, 1.0), (5 * 37) % 40);
-  }
   rec.desc.kv_len = kN;  // one tile
   EXPECT_EQ(cuda_detail::tile_rotation(rec, 5), 0);
   rec.desc.kv_len = (cuda_detail::kRecordTiles + 1) * kN;  // past the table
@@ -742,28 +732,23 @@ TEST(CudaAttention, RotationRule) {
   constexpr int64_t kBpt = 4 * 8 * 128;  // bytes per token: 8 KV heads, d = 128
   RotateScratch sc;
   // Virtual: 1000 + 1000 tokens.
-  EXPECT_EQ(1.0, choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, 0, sc, ranges));
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt - 1, 0, sc, ranges));
+  EXPECT_TRUE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt - 1, sc, ranges));
   EXPECT_EQ(chunk_calls, 0);
   // Physical: [0, 1000) U [700, 1000) U [7000, 7700) = 1700 slots.
-  EXPECT_EQ(1.0, choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, 0, sc, ranges));
+  EXPECT_TRUE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, sc, ranges));
   EXPECT_EQ(chunk_calls, 2) << "each distinct chunk once";
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt - 1, 0, sc, ranges));
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotateOff, kBpt, int64_t{1} << 40, 0, sc, ranges));
-  // Over the budget with a window budget: rotation within window_budget / bytes of the shared tiles.
-  EXPECT_DOUBLE_EQ(0.25, choose_rotation(plan, kRotatePhysical, kBpt, 1000 * kBpt, 425 * kBpt, sc, ranges));
-  EXPECT_EQ(1.0, choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, 425 * kBpt, sc, ranges));
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotateVirtual, kBpt, 1000 * kBpt, 425 * kBpt, sc, ranges)) << "virtual: no windows";
+  EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt - 1, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotateOff, kBpt, int64_t{1} << 40, sc, ranges));
   // Two pieces on shared slots: the physical rule does not rotate, the virtual one ignores pieces.
   dup_vnode = 4;
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, 0, sc, ranges));
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotatePhysical, kBpt, 1000 * kBpt, 425 * kBpt, sc, ranges));
-  EXPECT_EQ(1.0, choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, 0, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, 1700 * kBpt, sc, ranges));
+  EXPECT_TRUE(choose_rotation(plan, kRotateVirtual, kBpt, 2000 * kBpt, sc, ranges));
   dup_vnode = -1;
   // No item with private pieces: nothing to rotate, whatever the budget.
   for (PlanItem& it : plan.items) it.priv_count = 0;
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotatePhysical, kBpt, int64_t{1} << 40, 0, sc, ranges));
-  EXPECT_EQ(0.0, choose_rotation(plan, kRotateVirtual, kBpt, int64_t{1} << 40, 0, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotatePhysical, kBpt, int64_t{1} << 40, sc, ranges));
+  EXPECT_FALSE(choose_rotation(plan, kRotateVirtual, kBpt, int64_t{1} << 40, sc, ranges));
 }
 
 // CPU-only: the per-request plan is a valid plan (validate_plan) and the CPU executor runs it exactly.

@@ -11,8 +11,7 @@
 //   kRotatePhysical  the distinct KV slots those chunks read (each physical token once), and only
 //                    when no two private pieces share a slot (a folded internal node re-read by
 //                    its leaves' pieces: measured on the deep 32/8 trees, rotation then costs 3-6 %).
-// Either way the items rotate iff the bytes are <= budget; with a window budget, kRotatePhysical
-// rotates the others within a window of their shared tiles (choose_rotation).
+// Either way the items rotate iff the bytes are <= budget.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -33,53 +32,49 @@ struct RotateScratch {
   std::vector<std::pair<int64_t, int64_t>> slots;    // [first, end) slot ranges
 };
 
-// How the items with private pieces rotate: 0 not at all, 1 over all their tiles, a value in (0, 1)
-// (kRotatePhysical with window_budget > 0, when the chunks hold more than budget bytes) within that
-// fraction of their shared tiles (tile_rotation's window: window_budget / bytes). bytes_per_token:
-// K and V bytes of one token summed over the KV heads. slot_ranges(vnode, kv_begin, kv_len, emit)
-// calls emit(first_slot, count) for the runs of consecutive slots holding those tokens
-// (kRotatePhysical only).
+// Whether the items with private pieces rotate. bytes_per_token: K and V bytes of one token summed
+// over the KV heads. slot_ranges(vnode, kv_begin, kv_len, emit) calls emit(first_slot, count) for
+// the runs of consecutive slots holding those tokens (kRotatePhysical only).
 template <class SlotRanges>
-double choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_t budget, int64_t window_budget,
-                       RotateScratch& scratch, SlotRanges&& slot_ranges) {
-  if (mode == kRotateOff) return 0;
+bool choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_t budget, RotateScratch& scratch,
+                     SlotRanges&& slot_ranges) {
+  if (mode == kRotateOff) return false;
   auto& chunks = scratch.chunks;
   chunks.clear();
   for (const PlanItem& it : plan.items)
     if (it.priv_count > 0) chunks.push_back({it.vnode, it.kv_begin, it.kv_len});
-  if (chunks.empty()) return 0;
+  if (chunks.empty()) return false;
   std::sort(chunks.begin(), chunks.end());
   chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
   int64_t tokens = 0;
   if (mode == kRotateVirtual) {
     for (const auto& c : chunks) tokens += c[2];
-    return tokens * bytes_per_token <= budget ? 1 : 0;
-  }
-  auto& slots = scratch.slots;
-  slots.clear();  // the private pieces' slots: any slot twice -> no rotation
-  for (const PlanItem& it : plan.items)
-    for (int32_t k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k)
-      slot_ranges(plan.privates[k].vnode, 0, plan.privates[k].len, [&](int64_t first, int64_t count) {
+  } else {
+    auto& slots = scratch.slots;
+    slots.clear();
+    for (const auto& c : chunks)
+      slot_ranges(static_cast<int>(c[0]), c[1], c[2], [&](int64_t first, int64_t count) {
         if (count > 0) slots.emplace_back(first, first + count);
       });
-  std::sort(slots.begin(), slots.end());
-  for (size_t i = 1; i < slots.size(); ++i)
-    if (slots[i].first < slots[i - 1].second) return 0;
-  slots.clear();
-  for (const auto& c : chunks)
-    slot_ranges(static_cast<int>(c[0]), c[1], c[2], [&](int64_t first, int64_t count) {
-      if (count > 0) slots.emplace_back(first, first + count);
-    });
-  std::sort(slots.begin(), slots.end());
-  int64_t end = std::numeric_limits<int64_t>::min();  // union of the ranges
-  for (const auto& [a, b] : slots) {
-    if (b <= end) continue;
-    tokens += b - std::max(a, end);
-    end = b;
+    std::sort(slots.begin(), slots.end());
+    int64_t end = std::numeric_limits<int64_t>::min();  // union of the ranges
+    for (const auto& [a, b] : slots) {
+      if (b <= end) continue;
+      tokens += b - std::max(a, end);
+      end = b;
+    }
+    if (tokens * bytes_per_token > budget) return false;
+    slots.clear();  // the private pieces' slots: any slot twice -> no rotation
+    for (const PlanItem& it : plan.items)
+      for (int32_t k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k)
+        slot_ranges(plan.privates[k].vnode, 0, plan.privates[k].len, [&](int64_t first, int64_t count) {
+          if (count > 0) slots.emplace_back(first, first + count);
+        });
+    std::sort(slots.begin(), slots.end());
+    for (size_t i = 1; i < slots.size(); ++i)
+      if (slots[i].first < slots[i - 1].second) return false;
   }
-  const int64_t bytes = tokens * bytes_per_token;
-  if (bytes <= budget) return 1;
-  return window_budget > 0 ? static_cast<double>(window_budget) / static_cast<double>(bytes) : 0;
+  return tokens * bytes_per_token <= budget;
 }
 
 }  // namespace fasttree::cuda_detail

@@ -68,21 +68,13 @@ inline void fill_tile_slots(BlockRecord& rec, const DeviceRun* rb, const DeviceR
 // issues from the table alone (a tile outside the table would need the forward-only run search:
 // 0 for those blocks). Consecutive blocks start spread over the block's tiles (a stride of 37
 // tiles), so that the cold private tiles at the end of every unit (folded leaves) are not read
-// from DRAM by all CTAs at once. window < 1 (rotation_rule.h) keeps the start among the first
-// max(1, floor(window x shared tiles)) tiles, so that the units that read one shared chunk stay
-// within that many tiles of each other (a smaller L2 working set).
-inline int32_t tile_rotation(const BlockRecord& rec, int64_t block, double window = 1.0) {
+// from DRAM by all CTAs at once.
+inline int32_t tile_rotation(const BlockRecord& rec, int64_t block) {
   const int64_t ntiles = (static_cast<int64_t>(rec.desc.kv_len) + kKvTile - 1) / kKvTile;
   if (ntiles <= 1 || ntiles > kRecordTiles) return 0;
   for (int64_t t = 0; t < ntiles; ++t)
     if (rec.tile_slot[t] == -1) return 0;
-  int64_t span = ntiles;
-  if (window < 1.0) {
-    const int64_t shared_tiles = (static_cast<int64_t>(rec.desc.shared_len) + kKvTile - 1) / kKvTile;
-    span = std::min<int64_t>(ntiles, static_cast<int64_t>(window * static_cast<double>(shared_tiles)));
-    if (span <= 1) return 0;
-  }
-  return static_cast<int32_t>((block * 37) % span);
+  return static_cast<int32_t>((block * 37) % ntiles);
 }
 
 }  // namespace fasttree::cuda_detail

@@ -94,7 +94,6 @@ struct CudaTreeAttention::Impl {
   // FT_ROTATE_TILES: RotateMode (rotation_rule.h); FT_ROTATE_MAX_MB: its L2 budget for shared chunks.
   int rotate_mode = kRotatePhysical;
   int64_t rotate_budget = int64_t{16} << 20;
-  int64_t rotate_window_budget = 0;  // FT_ROTATE_WINDOW_MB (choose_rotation's window_budget)
   RotateScratch rotate_scratch;  // upload()'s, reused
   int num_sms = 0;
   int grid = 0;         // persistent CTAs (SMs x CTAs per SM): the largest launch
@@ -250,7 +249,6 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   FT_CHECK(m.rotate_mode >= kRotateOff && m.rotate_mode <= kRotatePhysical,
            "CUDA tree attention: FT_ROTATE_TILES must be 0, 1 or 2, got " + str(m.rotate_mode));
   m.rotate_budget = int64_t{std::max(0, env_or(-1, "FT_ROTATE_MAX_MB", 16))} << 20;
-  m.rotate_window_budget = int64_t{std::max(0, env_or(-1, "FT_ROTATE_WINDOW_MB", 0))} << 20;
   FT_CHECK(valid_min_row_groups(m.min_row_groups),
            "CUDA tree attention: FT_MIN_ROW_GROUPS must be 1, 2 or 4, got " + str(m.min_row_groups));
   FT_CHECK(options.kv_layout != KvLayout::kHeadMajor || options.kv_slots > 0,
@@ -504,9 +502,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   auto warp_item = [&](const PlanItem& it) { return use_warp && short_item(it); };
   // Whether the items with private pieces rotate their tiles (rotation_rule.h; measured: `1 1024`
   // 32/8, 8 MB of shared K/V, 4 % faster; 32/32, 34 MB, 24 % slower).
-  const double rotate = choose_rotation(
-      plan, m.rotate_mode, int64_t{4} * sh.num_kv_heads * sh.head_dim, m.rotate_budget, m.rotate_window_budget,
-      m.rotate_scratch,
+  const bool rotate = choose_rotation(
+      plan, m.rotate_mode, int64_t{4} * sh.num_kv_heads * sh.head_dim, m.rotate_budget, m.rotate_scratch,
       [&](int vn, int64_t begin, int64_t len, auto&& emit) {
         const DeviceRun* r_first = runs + m.vnode_run_begin[vn];
         const DeviceRun* r_end = runs + m.vnode_run_begin[vn + 1];
@@ -553,8 +550,8 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       const int64_t nruns = std::min<int64_t>(kRecordRuns, runs + rec.desc.seg_end - rb);
       std::copy(rb, rb + nruns, rec.runs);
       fill_tile_slots(rec, rb, runs + rec.desc.seg_end);
-      if (it.priv_count > 0 && rotate > 0)  // the producer ignores it without the tile table or TMA
-        rec.desc.row_groups |= tile_rotation(rec, b - 1, rotate) << 8;
+      if (it.priv_count > 0 && rotate)  // the producer ignores it without the tile table or TMA
+        rec.desc.row_groups |= tile_rotation(rec, b - 1) << 8;
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile
         const int32_t q = plan.vnode_queries[it.q_begin + j];
