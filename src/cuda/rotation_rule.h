@@ -47,10 +47,10 @@ bool choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_
   std::sort(chunks.begin(), chunks.end());
   chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
   int64_t tokens = 0;
+  auto& slots = scratch.slots;
   if (mode == kRotateVirtual) {
     for (const auto& c : chunks) tokens += c[2];
   } else {
-    auto& slots = scratch.slots;
     slots.clear();
     for (const auto& c : chunks)
       slot_ranges(static_cast<int>(c[0]), c[1], c[2], [&](int64_t first, int64_t count) {
@@ -63,7 +63,9 @@ bool choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_
       tokens += b - std::max(a, end);
       end = b;
     }
-    if (tokens * bytes_per_token > budget) return false;
+  }
+  if (tokens * bytes_per_token > budget) return false;
+  if (mode == kRotatePhysical) {
     slots.clear();  // the private pieces' slots: any slot twice -> no rotation
     for (const PlanItem& it : plan.items)
       for (int32_t k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k)
@@ -74,7 +76,7 @@ bool choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_
     for (size_t i = 1; i < slots.size(); ++i)
       if (slots[i].first < slots[i - 1].second) return false;
   }
-  return tokens * bytes_per_token <= budget;
+  return true;
 }
 
 }  // namespace fasttree::cuda_detail
