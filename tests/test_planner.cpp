@@ -259,6 +259,7 @@ TEST(Planner, FoldingNeedsWideTilesAndEnoughUnits) {
   cfg.num_sms = 4;
   cfg.fold_max = 16;
   cfg.narrow_max_path = 0;  // the fold guards (the narrow mode folds regardless of fold_min_waves)
+  cfg.fold_narrow_tokens = 65;  // more than the 64 private tokens per tile below
   Plan plan;
   Planner(cfg).build(t, AttnShape{8, 8, 128}, plan);  // g = 1: hosts are 16-row tiles, 4 x 16 private tokens
   validate_plan(plan, t);

@@ -82,12 +82,14 @@ struct PlannerConfig {
   int32_t fold_max = 128;
   // Folding is kept only where it pays (measured on the H200 paper suite, PERF_NOTES.md): into
   // query tiles of more than fold_min_rows rows, or into narrower tiles when their vnode's folded
-  // leaves average at least fold_narrow_tokens per tile (16-row tiles of short units run faster
-  // on the warp-per-unit kernel than with one tile of folded leaves on the main kernel), and only
-  // when the plan keeps at least fold_min_waves * num_sms items x KV heads (folding removes units:
-  // below that, the longer host units become the critical path).
+  // leaves average at least fold_narrow_tokens per tile, and only when the plan keeps at least
+  // fold_min_waves * num_sms items x KV heads (folding removes units: below that, the longer host
+  // units become the critical path). fold_narrow_tokens was 128 while a 16-row host with one tile
+  // of folded leaves ran slower on the main kernel than its leaves on the warp-per-unit kernel;
+  // with the current kernels 0, 32 and 64 measure alike and 128 loses up to 19 % on the deep
+  // GQA-1 trees (PERF_NOTES.md, session 21).
   int32_t fold_min_rows = 16;
-  int32_t fold_narrow_tokens = 128;
+  int32_t fold_narrow_tokens = 32;
   double fold_min_waves = 1.5;
   // Narrow mode (greedy edges only): when every query's path has at most narrow_max_path tokens,
   // GQA <= narrow_rows and the queries' rows (queries x Hq) fill at most narrow_max_waves x num_sms
@@ -125,6 +127,7 @@ inline PlannerConfig engine_planner_config() {
   c.narrow_max_path = 0;
   c.mid_class_rows = 0;
   c.align_segments = false;
+  c.fold_narrow_tokens = 128;  // the engine's decode steps were not measured with the suite's 32
   return c;
 }
 
