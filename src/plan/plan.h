@@ -77,9 +77,11 @@ struct PlannerConfig {
   bool align_segments = true;
   // Leaf folding: a vnode whose group is one query at its own node, with at most fold_max context
   // tokens (one chunk), becomes a private piece of the last chunk's item, in the query's nearest
-  // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens). Default 128:
-  // paper suite on the H200 3.92 -> 3.46x the floor (32, 128 and 256 measured alike).
-  int32_t fold_max = 128;
+  // ancestor vnode, whose tile holds that query (0 = off; at most kMaxFoldTokens). Folding took
+  // the paper suite on the H200 from 3.92 to 3.46x the floor (session 5: 32, 128 and 256 alike);
+  // with the current kernels 256 beats 128 (the 256-token leaves of `1 4 16 64 256 1024`: 16/1
+  // 71.5 -> 53.9 us, 32/8 341 -> 327; PERF_NOTES.md, session 21), hence the cap.
+  int32_t fold_max = 256;
   // Folding is kept only where it pays (measured on the H200 paper suite, PERF_NOTES.md): into
   // query tiles of more than fold_min_rows rows, or into narrower tiles when their vnode's folded
   // leaves average at least fold_narrow_tokens per tile, and only when the plan keeps at least
@@ -127,7 +129,9 @@ inline PlannerConfig engine_planner_config() {
   c.narrow_max_path = 0;
   c.mid_class_rows = 0;
   c.align_segments = false;
-  c.fold_narrow_tokens = 128;  // the engine's decode steps were not measured with the suite's 32
+  // The engine's decode steps were measured with these, not with the suite's 256 / 32 (session 21).
+  c.fold_max = 128;
+  c.fold_narrow_tokens = 128;
   return c;
 }
 
