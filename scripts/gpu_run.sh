@@ -3,7 +3,8 @@
 # folder made here by `scripts/gpu_build.sh` carried along):
 #   bash scripts/gpu_run.sh BUILD_DIR COMMIT [STEPS]
 # STEPS is a comma list of: check (CUDA tests + compute-sanitizer), calibrate (planner constants grid
-# search; its winner is passed to bench as flags), bench (paper suite -> CSV).
+# search; its winner, or the defaults when the winner leads them by <= 0.5 %, is passed to bench as
+# flags), bench (paper suite -> CSV).
 # Results land in $OUT (or ./out when OUT is unset).
 set -uo pipefail
 B=${1:-build-gpu}

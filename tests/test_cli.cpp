@@ -9,10 +9,13 @@
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "cli_path.h"
 #include "core/npy.h"
 #include "core/tree_io.h"
 #include "cpu/reference.h"
+#include "plan/plan.h"
 
 namespace fasttree {
 namespace {
@@ -76,9 +79,34 @@ TEST_F(Cli, CalibrationSearchRunsOnTheSuite) {
   EXPECT_EQ(slurp("flags.txt").rfind("--alpha 0.66 --beta 0.33 --gamma ", 0), 0u) << slurp("flags.txt");
   const std::string csv = slurp("cal.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
-  // The tile set holds commas: quoted, so every row has the header's 8 fields.
+  EXPECT_EQ(csv.rfind("tile_rows,alpha,beta,gamma,min_chunk,split_waves,fold_max,fold_narrow_tokens,geomean_over_floor,", 0), 0u)
+      << csv;
+  // The tile set holds commas: quoted, so every row has the header's 10 fields.
   EXPECT_NE(csv.find("\n\"64,32,16\",0.66,0.33,"), std::string::npos) << csv;
   expect_error("calibrate --model-cost --alphas x", "--alphas");
+  expect_error("calibrate --model-cost --fold-maxes 300", "--fold-maxes");
+  expect_error("calibrate --model-cost --fold-narrow 1.5", "--fold-narrow");
+  expect_error("calibrate --model-cost --min-gain 1", "--min-gain");
+}
+
+TEST_F(Cli, CalibrationKeepsDefaultsWithinMinGain) {
+  // A grid that holds the planner's defaults (PlannerConfig) and other fold thresholds: with a
+  // lead requirement no configuration can meet, --flags-out gets the defaults.
+  const PlannerConfig d;
+  const std::string grid = fmt::format(
+      "calibrate --model-cost --alphas 0.33,{} --betas {} --gammas {} --min-chunks {} --waves {} --tile-sets 64,16 "
+      "--fold-maxes 0,{} --fold-narrow {} --flags-out flags.txt --csv cal.csv",
+      d.alpha, d.beta, d.gamma, d.min_chunk, d.split_waves, d.fold_max, d.fold_narrow_tokens);
+  RunResult r = run(grid + " --min-gain 0.99");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("4 configurations"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("within 99.0 % of the best: kept"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp("flags.txt"), fmt::format("--alpha {} --beta {} --gamma {} --min-chunk {} --split-waves {} --tile-rows 64,16 "
+                                            "--fold-max {} --fold-narrow-tokens {}\n",
+                                            d.alpha, d.beta, d.gamma, d.min_chunk, d.split_waves, d.fold_max,
+                                            d.fold_narrow_tokens));
+  const std::string csv = slurp("cal.csv");
+  EXPECT_NE(csv.find(",0," + std::to_string(d.fold_narrow_tokens) + ","), std::string::npos) << csv;  // fold_max 0 rows
 }
 
 TEST_F(Cli, MalformedTreesAndOptions) {
