@@ -33,8 +33,8 @@ struct CalibrateCmd {
   std::string alphas = "0.33,0.66,1.5", betas = "0.1,0.33,1", gammas = "0.1,30,300,3000,30000";
   std::string min_chunks = "128,256,512,1024", waves = "0.5,1,2";
   std::string tile_sets = "64,16;64,32,16";
-  std::string fold_maxes = std::to_string(PlannerConfig{}.fold_max);
-  std::string fold_narrow = std::to_string(PlannerConfig{}.fold_narrow_tokens);
+  std::string fold_maxes = "128,256";  // the values the twenty-first session compared (PERF_NOTES.md)
+  std::string fold_narrow = "32,128";
   double min_gain = 0.005;  // relative lead over the defaults the winner needs to be written out
   std::string flags_out;  // writes the winner as planner flags for `fasttree bench`
   bool model_cost = false;  // no GPU: score plans with a bytes + items cost model (tests the search)
