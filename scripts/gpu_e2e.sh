@@ -16,6 +16,9 @@
 #   Concatenate the two CSVs (one header) into bench/results/h200x2-tp.csv; each step prints the
 #   all-reduce share of the profiled decode steps ("all-reduce ..." lines, comm_ms column).
 #   unprofiled        llama2-7b workload D, both attentions, no profiling events at all (step time)
+#   fold      llama2-7b and mistral-7b workloads A-D, FastTree only, the engine's fold thresholds
+#             (fold_max 128, fold_narrow_tokens 128) against the paper suite's (256 / 32), twice each,
+#             interleaved -> e2e-fold.csv (commit column COMMIT-engine / COMMIT-suite; ~6 min)
 #   tpab      (2 GPUs) llama2-7b workload D, FastTree, 256 new tokens: tp 1, tp 2 (default: P2P one-shot
 #             all-reduce), tp 2 on NCCL symmetric windows (FT_TP_P2P=0) and on plain NCCL buffers (also
 #             FT_NCCL_SYMMETRIC=0); tp 1, tp 2 and tp 2 symmetric again unprofiled -> h200x2-tp-ab.csv
@@ -63,6 +66,15 @@ done
 if has unprofiled; then
   run unprofiled 300 "$B/fasttree" bench-e2e --backend cuda --preset llama2-7b --workload D --attention both \
     --profile-every 0 --no-progress --csv "$OUT/e2e-unprofiled.csv" --commit "$COMMIT"
+fi
+if has fold; then
+  for round in 1 2; do
+    for v in engine suite; do
+      flags=(); [ "$v" = suite ] && flags=(--fold-max 256 --fold-narrow-tokens 32)
+      run "fold-$v-$round" 280 "$B/fasttree" bench-e2e --backend cuda --preset llama2-7b,mistral-7b --workload A,B,C,D \
+        --attention fasttree --no-progress "${flags[@]}" --csv "$OUT/e2e-fold.csv" --commit "$COMMIT-$v"
+    done
+  done
 fi
 if has tp; then
   run tp-tests 240 "$B/fasttree_tests" --gtest_filter='TpGpu*:TpCpu*:TpGpuHost*'
