@@ -73,7 +73,7 @@ TEST_F(Cli, PlanPrintsSharingAndJson) {
 TEST_F(Cli, CalibrationSearchRunsOnTheSuite) {
   // --model-cost scores plans without a GPU: exercises the suite loader, the grid and the output.
   const RunResult r = run("calibrate --model-cost --alphas 0.66 --betas 0.33 --gammas 0.1,300 --min-chunks 256 --waves 1 "
-                          "--tile-sets '64,16;64,32,16' --flags-out flags.txt --csv cal.csv");
+                          "--tile-sets '64,16;64,32,16' --fold-maxes 256 --fold-narrow 32 --flags-out flags.txt --csv cal.csv");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("4 configurations"), std::string::npos) << r.out;
   EXPECT_EQ(slurp("flags.txt").rfind("--alpha 0.66 --beta 0.33 --gamma ", 0), 0u) << slurp("flags.txt");

@@ -81,7 +81,7 @@ bool is_default(const PlannerConfig& cfg) {
     if (cfg.tile_classes[t].q_rows != d.tile_classes[t].q_rows) return false;
   return cfg.alpha == d.alpha && cfg.beta == d.beta && cfg.gamma == d.gamma && cfg.min_chunk == d.min_chunk &&
          cfg.split_waves == d.split_waves && cfg.fold_max == d.fold_max && cfg.fold_narrow_tokens == d.fold_narrow_tokens &&
-         d.mid_class_rows == 0;
+         cfg.mid_class_rows == d.mid_class_rows;
 }
 
 std::vector<double> doubles(const std::string& s, const std::string& what) {
@@ -120,11 +120,6 @@ void run_calibrate(const CalibrateCmd& c) {
     double geomean;
   };
   std::vector<Result> results;
-  std::FILE* csv = c.csv.empty() ? nullptr : std::fopen(c.csv.c_str(), "w");
-  FT_CHECK(c.csv.empty() || csv != nullptr, c.csv + ": cannot open for writing");
-  if (csv)
-    std::fputs("tile_rows,alpha,beta,gamma,min_chunk,split_waves,fold_max,fold_narrow_tokens,geomean_over_floor,distinct_plans_timed\n",
-               csv);
   std::vector<int32_t> fold_maxes, fold_narrow;
   for (double v : doubles(c.fold_maxes, "--fold-maxes")) {
     FT_CHECK(v == std::floor(v) && v <= kMaxFoldTokens,
@@ -136,6 +131,11 @@ void run_calibrate(const CalibrateCmd& c) {
     fold_narrow.push_back(static_cast<int32_t>(v));
   }
   FT_CHECK(c.min_gain >= 0 && c.min_gain < 1, "--min-gain must be in [0, 1)");
+  std::FILE* csv = c.csv.empty() ? nullptr : std::fopen(c.csv.c_str(), "w");
+  FT_CHECK(c.csv.empty() || csv != nullptr, c.csv + ": cannot open for writing");
+  if (csv)
+    std::fputs("tile_rows,alpha,beta,gamma,min_chunk,split_waves,fold_max,fold_narrow_tokens,geomean_over_floor,distinct_plans_timed\n",
+               csv);
   std::vector<std::vector<double>> tile_sets;
   for (size_t pos = 0; pos <= c.tile_sets.size();) {
     const size_t e = std::min(c.tile_sets.find(';', pos), c.tile_sets.size());
