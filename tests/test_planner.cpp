@@ -249,6 +249,34 @@ TEST(Planner, FoldsShortLeavesIntoTheirHostItem) {
   EXPECT_THROW(Planner{cfg}, Error);
 }
 
+// The folding defaults (fold_max 256, fold_narrow_tokens 32; PERF_NOTES.md session 21) on the two
+// paper trees they were refitted on, against the engine's (128 / 128): the 256-token leaves of the
+// first and the 16-token leaves of the second (4 per 16-row host at GQA 1) fold only with them.
+TEST(Planner, DefaultFoldThresholdsFoldTheRefitTrees) {
+  const KvTree wide = tree_from_levels(std::vector<int64_t>{1, 4, 16, 64, 256, 1024},
+                                       std::vector<int64_t>{256, 8, 256, 64, 32, 256});
+  const KvTree deep = tree_from_levels(std::vector<int64_t>{1, 8, 16, 32, 64, 256, 1024},
+                                       std::vector<int64_t>{256, 128, 64, 16, 16, 16, 16});
+  Plan plan;
+  Planner(PlannerConfig{}).build(wide, AttnShape{16, 1, 128}, plan);
+  validate_plan(plan, wide);
+  EXPECT_EQ(plan.privates.size(), 1024u);
+  EXPECT_EQ(plan.num_partial_rows, 0);  // every query direct: its leaf rides in its parent's item
+  Planner(engine_planner_config()).build(wide, AttnShape{16, 1, 128}, plan);
+  validate_plan(plan, wide);
+  EXPECT_TRUE(plan.privates.empty());
+  EXPECT_GT(plan.num_partial_rows, 0);
+
+  Planner(PlannerConfig{}).build(deep, AttnShape{32, 32, 128}, plan);
+  validate_plan(plan, deep);
+  EXPECT_EQ(plan.privates.size(), 1024u);
+  const int64_t folded_partials = plan.num_partial_rows;
+  Planner(engine_planner_config()).build(deep, AttnShape{32, 32, 128}, plan);
+  validate_plan(plan, deep);
+  EXPECT_TRUE(plan.privates.empty());
+  EXPECT_EQ(plan.num_partial_rows, folded_partials + 1024);  // one more partial row per query
+}
+
 // Where folding is not kept: 16-row query tiles with fewer than fold_narrow_tokens private tokens
 // (g = 1 here: the 4 leaves of a node share one 16-row tile), and plans that would keep fewer than
 // fold_min_waves x num_sms units.
