@@ -48,14 +48,15 @@ bool choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_
   chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
   int64_t tokens = 0;
   auto& slots = scratch.slots;
+  auto add_slots = [&](int64_t first, int64_t count) {
+    if (count > 0) slots.emplace_back(first, first + count);
+  };
   if (mode == kRotateVirtual) {
     for (const auto& c : chunks) tokens += c[2];
   } else {
     slots.clear();
     for (const auto& c : chunks)
-      slot_ranges(static_cast<int>(c[0]), c[1], c[2], [&](int64_t first, int64_t count) {
-        if (count > 0) slots.emplace_back(first, first + count);
-      });
+      slot_ranges(static_cast<int>(c[0]), c[1], c[2], add_slots);
     std::sort(slots.begin(), slots.end());
     int64_t end = std::numeric_limits<int64_t>::min();  // union of the ranges
     for (const auto& [a, b] : slots) {
@@ -69,9 +70,7 @@ bool choose_rotation(const Plan& plan, int mode, int64_t bytes_per_token, int64_
     slots.clear();  // the private pieces' slots: any slot twice -> no rotation
     for (const PlanItem& it : plan.items)
       for (int32_t k = it.priv_begin; k < it.priv_begin + it.priv_count; ++k)
-        slot_ranges(plan.privates[k].vnode, 0, plan.privates[k].len, [&](int64_t first, int64_t count) {
-          if (count > 0) slots.emplace_back(first, first + count);
-        });
+        slot_ranges(plan.privates[k].vnode, 0, plan.privates[k].len, add_slots);
     std::sort(slots.begin(), slots.end());
     for (size_t i = 1; i < slots.size(); ++i)
       if (slots[i].first < slots[i - 1].second) return false;
