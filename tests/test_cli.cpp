@@ -81,8 +81,12 @@ TEST_F(Cli, CalibrationSearchRunsOnTheSuite) {
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
   EXPECT_EQ(csv.rfind("tile_rows,alpha,beta,gamma,min_chunk,split_waves,fold_max,fold_narrow_tokens,geomean_over_floor,", 0), 0u)
       << csv;
-  // The tile set holds commas: quoted, so every row has the header's 10 fields.
+  // The tile set holds commas: quoted, so every row has the header's fields (10 + one geomean per head setting).
   EXPECT_NE(csv.find("\n\"64,32,16\",0.66,0.33,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",distinct_plans_timed,geomean_32/32,geomean_32/8,geomean_16/1\n"), std::string::npos) << csv;
+  // Per head setting: its best configuration; then the suite at each setting's best and the per-cell oracle.
+  for (const char* h : {"heads 32/32: best --alpha", "heads 32/8: best --alpha", "heads 16/1: best --alpha", "(oracle): "})
+    EXPECT_NE(r.out.find(h), std::string::npos) << r.out;
   expect_error("calibrate --model-cost --alphas x", "--alphas");
   expect_error("calibrate --model-cost --fold-maxes 300", "--fold-maxes");
   expect_error("calibrate --model-cost --fold-narrow 1.5", "--fold-narrow");

@@ -102,6 +102,49 @@ std::vector<double> doubles(const std::string& s, const std::string& what) {
   return out;
 }
 
+// Geometric mean of time / floor over the cells of head-setting group k.
+double group_geomean(const std::vector<double>& us, const std::vector<double>& floors, const std::vector<int>& group, int k) {
+  double log_sum = 0;
+  int n = 0;
+  for (size_t i = 0; i < us.size(); ++i)
+    if (group[i] == k) log_sum += std::log(us[i] / floors[i]), ++n;
+  return n > 0 ? std::exp(log_sum / n) : 0.0;
+}
+
+// What one configuration for all cells leaves on the table: for every head setting its own best
+// configuration (and the suite geomean if each setting used its own), and the per-cell oracle (the
+// fastest plan any searched configuration gave that cell: the planner's cost model at its best).
+template <class Result>
+void report_by_head_setting(const std::vector<Result>& results, const std::vector<double>& floors, const std::vector<int>& group,
+                            const std::vector<std::string>& names) {
+  const Result* def = nullptr;
+  for (const Result& r : results)
+    if (is_default(r.cfg)) def = &r;
+  double log_best = 0;
+  for (size_t k = 0; k < names.size(); ++k) {
+    const Result* best = &results[0];
+    for (const Result& r : results)
+      if (group_geomean(r.cell_us, floors, group, static_cast<int>(k)) <
+          group_geomean(best->cell_us, floors, group, static_cast<int>(k)))
+        best = &r;
+    for (size_t i = 0; i < floors.size(); ++i)
+      if (group[i] == static_cast<int>(k)) log_best += std::log(best->cell_us[i] / floors[i]);
+    fmt::print("heads {}: best {} -> {:.3f}", names[k], planner_flags(best->cfg),
+               group_geomean(best->cell_us, floors, group, static_cast<int>(k)));
+    if (def != nullptr) fmt::print(" (defaults {:.3f})", group_geomean(def->cell_us, floors, group, static_cast<int>(k)));
+    fmt::print("\n");
+  }
+  double log_oracle = 0;
+  for (size_t i = 0; i < floors.size(); ++i) {
+    double m = results[0].cell_us[i];
+    for (const Result& r : results) m = std::min(m, r.cell_us[i]);
+    log_oracle += std::log(m / floors[i]);
+  }
+  const double n = static_cast<double>(floors.size());
+  fmt::print("each head setting at its best: {:.3f}; every cell at its best plan (oracle): {:.3f}\n", std::exp(log_best / n),
+             std::exp(log_oracle / n));
+}
+
 void run_calibrate(const CalibrateCmd& c) {
   FT_CHECK(c.model_cost || (cuda_backend_built() && cuda_device_count() > 0),
            "fasttree calibrate needs a CUDA device (or --model-cost to exercise the search without one)");
@@ -115,9 +158,19 @@ void run_calibrate(const CalibrateCmd& c) {
     const TreeStats ts = tree_stats(cell.tree, topo);
     floors.push_back(floor_us(ts.unique_tokens, ts.sum_path_len, cell.shape, 2));
   }
+  // Head settings ("32/8") in suite order; group[i] is cell i's.
+  std::vector<std::string> group_names;
+  std::vector<int> group;
+  for (const SuiteCell& cell : cells) {
+    const std::string g = fmt::format("{}/{}", cell.shape.num_qo_heads, cell.shape.num_kv_heads);
+    auto it = std::find(group_names.begin(), group_names.end(), g);
+    if (it == group_names.end()) it = group_names.insert(group_names.end(), g);
+    group.push_back(static_cast<int>(it - group_names.begin()));
+  }
   struct Result {
     PlannerConfig cfg;
     double geomean;
+    std::vector<double> cell_us;  // per suite cell
   };
   std::vector<Result> results;
   std::vector<int32_t> fold_maxes, fold_narrow;
@@ -133,9 +186,12 @@ void run_calibrate(const CalibrateCmd& c) {
   FT_CHECK(c.min_gain >= 0 && c.min_gain < 1, "--min-gain must be in [0, 1)");
   std::FILE* csv = c.csv.empty() ? nullptr : std::fopen(c.csv.c_str(), "w");
   FT_CHECK(c.csv.empty() || csv != nullptr, c.csv + ": cannot open for writing");
-  if (csv)
-    std::fputs("tile_rows,alpha,beta,gamma,min_chunk,split_waves,fold_max,fold_narrow_tokens,geomean_over_floor,distinct_plans_timed\n",
+  if (csv) {
+    std::fputs("tile_rows,alpha,beta,gamma,min_chunk,split_waves,fold_max,fold_narrow_tokens,geomean_over_floor,distinct_plans_timed",
                csv);
+    for (const std::string& g : group_names) std::fprintf(csv, ",geomean_%s", g.c_str());  // e.g. geomean_32/8
+    std::fputc('\n', csv);
+  }
   std::vector<std::vector<double>> tile_sets;
   for (size_t pos = 0; pos <= c.tile_sets.size();) {
     const size_t e = std::min(c.tile_sets.find(';', pos), c.tile_sets.size());
@@ -164,6 +220,7 @@ void run_calibrate(const CalibrateCmd& c) {
             cfg.mid_class_rows = 0;  // the tile sets searched are taken as given
             Planner planner(cfg);
             double log_sum = 0;
+            std::vector<double> cell_us(cells.size());
             for (size_t i = 0; i < cells.size(); ++i) {
               planner.build(cells[i].tree, cells[i].shape, plan);
               const uint64_t key = plan_hash(plan) ^ (static_cast<uint64_t>(i) << 56);
@@ -178,13 +235,18 @@ void run_calibrate(const CalibrateCmd& c) {
                                                : cuda_time_plan(plan, cells[i].tree, cells[i].shape, dt, opt).median_us;
                 it = timed.emplace(key, us).first;
               }
+              cell_us[i] = it->second;
               log_sum += std::log(it->second / floors[i]);
             }
             const double gm = std::exp(log_sum / cells.size());
-            results.push_back({cfg, gm});
-            if (csv)
-              std::fprintf(csv, "\"%s\",%g,%g,%g,%lld,%g,%d,%d,%.4f,%zu\n", tile_rows_str(cfg).c_str(), a, b, g,
+            if (csv) {
+              std::fprintf(csv, "\"%s\",%g,%g,%g,%lld,%g,%d,%d,%.4f,%zu", tile_rows_str(cfg).c_str(), a, b, g,
                            static_cast<long long>(cfg.min_chunk), w, fm, fn, gm, timed.size());
+              for (size_t k = 0; k < group_names.size(); ++k)
+                std::fprintf(csv, ",%.4f", group_geomean(cell_us, floors, group, static_cast<int>(k)));
+              std::fputc('\n', csv);
+            }
+            results.push_back({cfg, gm, std::move(cell_us)});
           }
   if (csv) std::fclose(csv);
   std::sort(results.begin(), results.end(), [](const Result& x, const Result& y) { return x.geomean < y.geomean; });
@@ -206,6 +268,7 @@ void run_calibrate(const CalibrateCmd& c) {
     }
     break;
   }
+  if (!results.empty()) report_by_head_setting(results, floors, group, group_names);
   if (!c.flags_out.empty() && chosen != nullptr) {
     std::FILE* f = std::fopen(c.flags_out.c_str(), "w");
     FT_CHECK(f != nullptr, c.flags_out + ": cannot open for writing");
