@@ -129,7 +129,8 @@ inline PlannerConfig engine_planner_config() {
   c.narrow_max_path = 0;
   c.mid_class_rows = 0;
   c.align_segments = false;
-  // The engine's decode steps were measured with these, not with the suite's 256 / 32 (session 21).
+  // Measured end to end against the suite's 256 / 32 (PERF_NOTES.md, session 22): llama2-7b even,
+  // mistral-7b's attention 3-4 % slower on workloads A and D with 256 / 32.
   c.fold_max = 128;
   c.fold_narrow_tokens = 128;
   return c;
