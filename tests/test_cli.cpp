@@ -91,6 +91,13 @@ TEST_F(Cli, CalibrationSearchRunsOnTheSuite) {
   expect_error("calibrate --model-cost --fold-maxes 300", "--fold-maxes");
   expect_error("calibrate --model-cost --fold-narrow 1.5", "--fold-narrow");
   expect_error("calibrate --model-cost --min-gain 1", "--min-gain");
+  expect_error("calibrate --model-cost --tile-sets '64,0'", "--tile-sets: rows must be in [1, 4096]");
+  expect_error("calibrate --model-cost --tile-sets '64,16;'", "--tile-sets");
+  expect_error("calibrate --model-cost --min-chunks 0", "--min-chunks");
+  expect_error("calibrate --model-cost --waves 0", "--waves");
+  // A rejected grid creates no CSV.
+  expect_error("calibrate --model-cost --tile-sets 64.5 --csv rejected.csv", "--tile-sets");
+  EXPECT_FALSE(std::filesystem::exists("rejected.csv"));
 }
 
 TEST_F(Cli, CalibrationKeepsDefaultsWithinMinGain) {

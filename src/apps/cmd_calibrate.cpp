@@ -17,6 +17,7 @@
 #include "apps/commands.h"
 #include "apps/suite.h"
 #include "core/error.h"
+#include "core/tree_gen.h"
 #include "cuda/backend.h"
 #include "plan/plan_stats.h"
 #include "plan/planner.h"
@@ -184,6 +185,24 @@ void run_calibrate(const CalibrateCmd& c) {
     fold_narrow.push_back(static_cast<int32_t>(v));
   }
   FT_CHECK(c.min_gain >= 0 && c.min_gain < 1, "--min-gain must be in [0, 1)");
+  // Every grid list parsed and checked once, before the CSV is created.
+  std::vector<std::vector<int64_t>> tile_sets;
+  for (size_t pos = 0; pos <= c.tile_sets.size();) {
+    const size_t e = std::min(c.tile_sets.find(';', pos), c.tile_sets.size());
+    tile_sets.push_back(parse_int_list(std::string_view(c.tile_sets).substr(pos, e - pos), "--tile-sets"));
+    FT_CHECK(!tile_sets.back().empty() && tile_sets.back().size() <= static_cast<size_t>(kMaxTileClasses),
+             "--tile-sets: each set holds 1 to 4 row counts");
+    for (int64_t r : tile_sets.back()) FT_CHECK(r >= 1 && r <= 4096, "--tile-sets: rows must be in [1, 4096]");
+    pos = e + 1;
+  }
+  const std::vector<double> alphas = doubles(c.alphas, "--alphas"), betas = doubles(c.betas, "--betas"),
+                            gammas = doubles(c.gammas, "--gammas"), waves = doubles(c.waves, "--waves");
+  for (double w : waves) FT_CHECK(w > 0, "--waves: split_waves must be positive");
+  std::vector<int64_t> min_chunks;
+  for (double v : doubles(c.min_chunks, "--min-chunks")) {
+    FT_CHECK(v == std::floor(v) && v >= 1 && v <= (1 << 30), "--min-chunks: " + fmt::format("{}", v) + " is not an integer >= 1");
+    min_chunks.push_back(static_cast<int64_t>(v));
+  }
   std::FILE* csv = c.csv.empty() ? nullptr : std::fopen(c.csv.c_str(), "w");
   FT_CHECK(c.csv.empty() || csv != nullptr, c.csv + ": cannot open for writing");
   if (csv) {
@@ -192,31 +211,23 @@ void run_calibrate(const CalibrateCmd& c) {
     for (const std::string& g : group_names) std::fprintf(csv, ",geomean_%s", g.c_str());  // e.g. geomean_32/8
     std::fputc('\n', csv);
   }
-  std::vector<std::vector<double>> tile_sets;
-  for (size_t pos = 0; pos <= c.tile_sets.size();) {
-    const size_t e = std::min(c.tile_sets.find(';', pos), c.tile_sets.size());
-    tile_sets.push_back(doubles(c.tile_sets.substr(pos, e - pos), "--tile-sets"));
-    FT_CHECK(!tile_sets.back().empty() && tile_sets.back().size() <= static_cast<size_t>(kMaxTileClasses),
-             "--tile-sets: each set holds 1 to 4 row counts");
-    pos = e + 1;
-  }
   Plan plan;
   for (const auto& tiles : tile_sets)
-  for (double a : doubles(c.alphas, "--alphas"))
-    for (double b : doubles(c.betas, "--betas"))
-      for (double g : doubles(c.gammas, "--gammas"))
-        for (double mc : doubles(c.min_chunks, "--min-chunks"))
-          for (double w : doubles(c.waves, "--waves"))
+  for (double a : alphas)
+    for (double b : betas)
+      for (double g : gammas)
+        for (int64_t mc : min_chunks)
+          for (double w : waves)
           for (int32_t fm : fold_maxes)
           for (int32_t fn : fold_narrow) {
             PlannerConfig cfg;
             cfg.fold_max = fm;
             cfg.fold_narrow_tokens = fn;
             cfg.alpha = a, cfg.beta = b, cfg.gamma = g;
-            cfg.min_chunk = std::max<int64_t>(1, static_cast<int64_t>(mc));
-            cfg.split_waves = std::max(0.01, w);
+            cfg.min_chunk = mc;
+            cfg.split_waves = w;
             cfg.num_tile_classes = static_cast<int>(tiles.size());
-            for (size_t t = 0; t < tiles.size(); ++t) cfg.tile_classes[t] = TileClass{std::max(1, static_cast<int>(tiles[t])), 64};
+            for (size_t t = 0; t < tiles.size(); ++t) cfg.tile_classes[t] = TileClass{static_cast<int>(tiles[t]), 64};
             cfg.mid_class_rows = 0;  // the tile sets searched are taken as given
             Planner planner(cfg);
             double log_sum = 0;
