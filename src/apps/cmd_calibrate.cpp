@@ -123,15 +123,15 @@ void report_by_head_setting(const std::vector<Result>& results, const std::vecto
     if (is_default(r.cfg)) def = &r;
   double log_best = 0;
   for (size_t k = 0; k < names.size(); ++k) {
-    const Result* best = &results[0];
-    for (const Result& r : results)
-      if (group_geomean(r.cell_us, floors, group, static_cast<int>(k)) <
-          group_geomean(best->cell_us, floors, group, static_cast<int>(k)))
-        best = &r;
+    const Result* best = nullptr;
+    double best_gm = 0;
+    for (const Result& r : results) {
+      const double gm = group_geomean(r.cell_us, floors, group, static_cast<int>(k));
+      if (best == nullptr || gm < best_gm) best = &r, best_gm = gm;
+    }
     for (size_t i = 0; i < floors.size(); ++i)
       if (group[i] == static_cast<int>(k)) log_best += std::log(best->cell_us[i] / floors[i]);
-    fmt::print("heads {}: best {} -> {:.3f}", names[k], planner_flags(best->cfg),
-               group_geomean(best->cell_us, floors, group, static_cast<int>(k)));
+    fmt::print("heads {}: best {} -> {:.3f}", names[k], planner_flags(best->cfg), best_gm);
     if (def != nullptr) fmt::print(" (defaults {:.3f})", group_geomean(def->cell_us, floors, group, static_cast<int>(k)));
     fmt::print("\n");
   }
@@ -174,14 +174,14 @@ void run_calibrate(const CalibrateCmd& c) {
     std::vector<double> cell_us;  // per suite cell
   };
   std::vector<Result> results;
+  // Integer grids through the project's list parser (non-negative integers), then their ranges.
   std::vector<int32_t> fold_maxes, fold_narrow;
-  for (double v : doubles(c.fold_maxes, "--fold-maxes")) {
-    FT_CHECK(v == std::floor(v) && v <= kMaxFoldTokens,
-             "--fold-maxes: " + fmt::format("{}", v) + " is not an integer in [0, " + std::to_string(kMaxFoldTokens) + "]");
+  for (int64_t v : parse_int_list(c.fold_maxes, "--fold-maxes")) {
+    FT_CHECK(v <= kMaxFoldTokens, "--fold-maxes: " + std::to_string(v) + " is not in [0, " + std::to_string(kMaxFoldTokens) + "]");
     fold_maxes.push_back(static_cast<int32_t>(v));
   }
-  for (double v : doubles(c.fold_narrow, "--fold-narrow")) {
-    FT_CHECK(v == std::floor(v) && v <= (1 << 20), "--fold-narrow: " + fmt::format("{}", v) + " is not an integer in [0, 2^20]");
+  for (int64_t v : parse_int_list(c.fold_narrow, "--fold-narrow")) {
+    FT_CHECK(v <= (1 << 20), "--fold-narrow: " + std::to_string(v) + " is not in [0, 2^20]");
     fold_narrow.push_back(static_cast<int32_t>(v));
   }
   FT_CHECK(c.min_gain >= 0 && c.min_gain < 1, "--min-gain must be in [0, 1)");
@@ -198,11 +198,8 @@ void run_calibrate(const CalibrateCmd& c) {
   const std::vector<double> alphas = doubles(c.alphas, "--alphas"), betas = doubles(c.betas, "--betas"),
                             gammas = doubles(c.gammas, "--gammas"), waves = doubles(c.waves, "--waves");
   for (double w : waves) FT_CHECK(w > 0, "--waves: split_waves must be positive");
-  std::vector<int64_t> min_chunks;
-  for (double v : doubles(c.min_chunks, "--min-chunks")) {
-    FT_CHECK(v == std::floor(v) && v >= 1 && v <= (1 << 30), "--min-chunks: " + fmt::format("{}", v) + " is not an integer >= 1");
-    min_chunks.push_back(static_cast<int64_t>(v));
-  }
+  const std::vector<int64_t> min_chunks = parse_int_list(c.min_chunks, "--min-chunks");
+  for (int64_t v : min_chunks) FT_CHECK(v >= 1 && v <= (1 << 30), "--min-chunks: " + std::to_string(v) + " is not in [1, 2^30]");
   std::FILE* csv = c.csv.empty() ? nullptr : std::fopen(c.csv.c_str(), "w");
   FT_CHECK(c.csv.empty() || csv != nullptr, c.csv + ": cannot open for writing");
   if (csv) {
