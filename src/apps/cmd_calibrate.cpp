@@ -125,14 +125,12 @@ void report_by_head_setting(const std::vector<Result>& results, const std::vecto
   for (size_t k = 0; k < names.size(); ++k) {
     const Result* best = nullptr;
     double best_gm = 0;
-    for (const Result& r : results) {
-      const double gm = group_geomean(r.cell_us, floors, group, static_cast<int>(k));
-      if (best == nullptr || gm < best_gm) best = &r, best_gm = gm;
-    }
+    for (const Result& r : results)
+      if (best == nullptr || r.group_gm[k] < best_gm) best = &r, best_gm = r.group_gm[k];
     for (size_t i = 0; i < floors.size(); ++i)
       if (group[i] == static_cast<int>(k)) log_best += std::log(best->cell_us[i] / floors[i]);
     fmt::print("heads {}: best {} -> {:.3f}", names[k], planner_flags(best->cfg), best_gm);
-    if (def != nullptr) fmt::print(" (defaults {:.3f})", group_geomean(def->cell_us, floors, group, static_cast<int>(k)));
+    if (def != nullptr) fmt::print(" (defaults {:.3f})", def->group_gm[k]);
     fmt::print("\n");
   }
   double log_oracle = 0;
@@ -171,7 +169,8 @@ void run_calibrate(const CalibrateCmd& c) {
   struct Result {
     PlannerConfig cfg;
     double geomean;
-    std::vector<double> cell_us;  // per suite cell
+    std::vector<double> cell_us;   // per suite cell
+    std::vector<double> group_gm;  // geomean per head setting (group_names order)
   };
   std::vector<Result> results;
   // Integer grids through the project's list parser (non-negative integers), then their ranges.
@@ -247,14 +246,15 @@ void run_calibrate(const CalibrateCmd& c) {
               log_sum += std::log(it->second / floors[i]);
             }
             const double gm = std::exp(log_sum / cells.size());
+            std::vector<double> group_gm(group_names.size());
+            for (size_t k = 0; k < group_names.size(); ++k) group_gm[k] = group_geomean(cell_us, floors, group, static_cast<int>(k));
             if (csv) {
               std::fprintf(csv, "\"%s\",%g,%g,%g,%lld,%g,%d,%d,%.4f,%zu", tile_rows_str(cfg).c_str(), a, b, g,
                            static_cast<long long>(cfg.min_chunk), w, fm, fn, gm, timed.size());
-              for (size_t k = 0; k < group_names.size(); ++k)
-                std::fprintf(csv, ",%.4f", group_geomean(cell_us, floors, group, static_cast<int>(k)));
+              for (double v : group_gm) std::fprintf(csv, ",%.4f", v);
               std::fputc('\n', csv);
             }
-            results.push_back({cfg, gm, std::move(cell_us)});
+            results.push_back({cfg, gm, std::move(cell_us), std::move(group_gm)});
           }
   if (csv) std::fclose(csv);
   std::sort(results.begin(), results.end(), [](const Result& x, const Result& y) { return x.geomean < y.geomean; });
