@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <cstdint>
 #include <string>
@@ -239,8 +240,10 @@ bool g_first_timing = true;                          // the first timing warms t
 
 // Median of CUDA-event timings of launch() (after options.warmup untimed runs), each preceded by
 // an L2 flush when options.flush_l2; before them the GPU is kept busy so that its clocks are up.
-template <class F>
-CudaTiming time_launches(Stream& st, DeviceBuffer& flush, F&& launch, const CudaTimingOptions& options) {
+// after_flush() runs after each flush, before the start event (untimed).
+template <class F, class A = void (*)()>
+CudaTiming time_launches(Stream& st, DeviceBuffer& flush, F&& launch, const CudaTimingOptions& options,
+                         A&& after_flush = [] {}) {
   // Clocks up: keep the GPU busy with flush-sized writes for a while (longer on the first call).
   {
     const int ms = options.gpu_warmup_ms + (g_first_timing ? 300 : 0);
@@ -260,6 +263,7 @@ CudaTiming time_launches(Stream& st, DeviceBuffer& flush, F&& launch, const Cuda
     for (int i = 0; i < options.warmup; ++i) launch();
     for (int i = 0; i < options.iters; ++i) {
       if (options.flush_l2) FT_CUDA_CHECK(cudaMemsetAsync(flush.ptr, i & 0xff, kFlushBytes, st.s));
+      after_flush();
       FT_CUDA_CHECK(cudaEventRecord(ev[2 * i], st.s));
       launch();
       FT_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], st.s));
@@ -322,7 +326,22 @@ CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape&
   att.upload(plan, tree, st.s, num_slots);
   auto enqueue = [&] { att.run(dq.ptr, dk.ptr, dv.ptr, dout.as<float>(), dlse.as<float>(), st.s); };
   Launcher<decltype(enqueue)> launch(st.s, enqueue, options.use_graph);
-  CudaTiming result = time_launches(st, flush, launch, options);
+  // Diagnostics (FT_TIMING_WARM, bits): 1 = the plan arena, 2 = Q read back into L2 after each
+  // flush (untimed), i.e. what the kernel's start would cost were they L2-resident as in an engine
+  // step right after the plan's upload and Q's projection.
+  const char* warm_env = std::getenv("FT_TIMING_WARM");
+  const int warm = warm_env != nullptr ? std::atoi(warm_env) : 0;
+  const auto [plan_ptr, plan_len] = att.plan_bytes();
+  const size_t q_bytes = static_cast<size_t>(std::max<int64_t>(1, nq * hq * d)) * 2;
+  DeviceBuffer warm_scratch(warm != 0 ? plan_len + q_bytes : 0);
+  auto after_flush = [&] {
+    if ((warm & 1) && plan_len > 0)
+      FT_CUDA_CHECK(cudaMemcpyAsync(warm_scratch.ptr, plan_ptr, plan_len, cudaMemcpyDeviceToDevice, st.s));
+    if (warm & 2)
+      FT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(warm_scratch.ptr) + plan_len, dq.ptr, q_bytes,
+                                    cudaMemcpyDeviceToDevice, st.s));
+  };
+  CudaTiming result = time_launches(st, flush, launch, options, after_flush);
   if (options.trace) {  // one more run, from cleared marks and a flushed L2
     FT_CUDA_CHECK(cudaMemsetAsync(trace.ptr, 0, trace_bytes, st.s));
     if (options.flush_l2) FT_CUDA_CHECK(cudaMemsetAsync(flush.ptr, 0x5a, kFlushBytes, st.s));

@@ -121,6 +121,7 @@ struct CudaTreeAttention::Impl {
   void* arena = nullptr;
   void* staging = nullptr;
   size_t arena_bytes = 0;
+  size_t plan_bytes_used = 0;  // of the last upload
   std::array<size_t, kNumSections> cap{}, off{}, used{};
   cudaEvent_t upload_done = nullptr;
   bool upload_pending = false;
@@ -578,6 +579,7 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
 
   const size_t bytes = m.off[kRecords] + static_cast<size_t>(num_blocks) * sizeof(BlockRecord);
   FT_CUDA_CHECK(cudaMemcpyAsync(m.arena, m.staging, bytes, cudaMemcpyHostToDevice, stream));
+  m.plan_bytes_used = bytes;
   FT_CUDA_CHECK(cudaEventRecord(m.upload_done, stream));
   m.upload_pending = true;
 
@@ -708,6 +710,9 @@ float CudaTreeAttention::sm_scale() const { return impl_->scale; }
 int CudaTreeAttention::num_queries() const { return impl_->num_queries; }
 int CudaTreeAttention::num_units() const { return impl_->num_units; }
 int CudaTreeAttention::grid_size() const { return impl_->launch_grid; }
+std::pair<const void*, size_t> CudaTreeAttention::plan_bytes() const {
+  return {impl_->arena, impl_->uploaded ? impl_->plan_bytes_used : 0};
+}
 bool CudaTreeAttention::warp_overlap() const { return impl_->warp_overlap; }
 bool CudaTreeAttention::tma_active() const { return impl_->use_tma && impl_->tma_ok; }
 

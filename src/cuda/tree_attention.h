@@ -37,6 +37,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "core/attention_shape.h"
 #include "core/kv_tree.h"
@@ -170,6 +171,8 @@ class CudaTreeAttention {
   // Whether the last run() loaded K/V tiles by TMA where it could (FT_TMA != 0 and the pools'
   // descriptors encoded); false before the first run().
   bool tma_active() const;
+  // Diagnostics: the device plan arena's bytes in use (what run() reads of the plan).
+  std::pair<const void*, size_t> plan_bytes() const;
 
  private:
   struct Impl;
