@@ -33,6 +33,9 @@
 #include "cuda/merge_choice.h"
 #include "cuda/rotation_rule.h"
 #include "cuda/tile_slots.h"
+#if FASTTREE_HAVE_CUDA
+#include "cuda/tree_attention.h"
+#endif
 #include "plan/per_request_plan.h"
 #include "plan/plan.h"
 #include "plan/plan_stats.h"
@@ -514,6 +517,87 @@ TEST(CudaAttention, GraphReplayAndSchedulersAgree) {
   cuda_attention(plan, tree, s, KvDType::kBF16, x.q, x.k, x.v, scale, out, {}, plain);
   EXPECT_EQ(out, base);
 }
+
+// Q by TMA (BlockDesc kQRunBit: blocks of whole consecutive queries, in the kernels that stage Q in
+// shared memory) against the producer's cp.async copies: bit-identical, at every head dim and at
+// GQA 1-16 on the 2-stage kernel, on a level tree (a node's queries are consecutive ids: the TMA
+// path) and on the same tree with its query ids shuffled (no block of more than one query
+// qualifies: the cp.async path), with folded leaves too, under graph replay.
+TEST(CudaAttention, QByTmaMatchesCpAsync) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  int seed = 60;
+  for (const int d : {64, 128, 256}) {
+    for (const int g : {1, 4, 8, 16}) {
+      const AttnShape s = shape_for_gqa(g, d);
+      for (const bool shuffled : {false, true}) {
+        KvTree tree = tree_from_levels(std::vector<int64_t>{1, 4, 24}, std::vector<int64_t>{150, 40, 21});
+        if (shuffled) std::shuffle(tree.query_node.begin(), tree.query_node.end(), rng);
+        const Tensors x(tree, s, KvDType::kF16, seed++);
+        const float scale = s.default_sm_scale();
+        const Reference ref(tree, s, x, scale);
+        for (const PlanVariant& v : {kVariants[0], kFoldVariant}) {
+          const Plan plan = make_plan(tree, s, v);
+          const std::string what = std::string(v.name) + " d=" + std::to_string(d) + " g=" + std::to_string(g) +
+                                   (shuffled ? " shuffled" : "");
+          std::vector<float> outs[2], lses[2];
+          for (const int tma_q : {0, 1}) {
+            CudaRunOptions opt;
+            opt.poison_outputs = true;
+            opt.use_graph = true;
+            opt.repeats = 2;
+            opt.deep_ring = 0;
+            opt.use_tma = 1;
+            opt.require_tma = true;
+            opt.use_tma_q = tma_q;
+            opt.require_tma_q = tma_q == 1;
+            opt.warp_unit_max_kv = 0;  // every block on the main kernel
+            outs[tma_q].assign(x.q.size(), NAN);
+            lses[tma_q].assign(ref.lse.size(), NAN);
+            cuda_attention(plan, tree, s, KvDType::kF16, x.q, x.k, x.v, scale, outs[tma_q], lses[tma_q], opt);
+            const Errors e = compare(outs[tma_q], lses[tma_q], ref.out, ref.lse);
+            EXPECT_LE(e.out, out_tol(KvDType::kF16)) << what << " tma_q " << tma_q;
+            EXPECT_LE(e.lse, 1e-3) << what << " tma_q " << tma_q;
+          }
+          EXPECT_EQ(outs[1], outs[0]) << what;
+          EXPECT_EQ(lses[1], lses[0]) << what;
+        }
+      }
+    }
+  }
+}
+
+#if FASTTREE_HAVE_CUDA
+// The Q maps span the uploaded plan's queries, so a graph captured for one query count must not be
+// replayed for another: with Q by TMA, an upload of a different query count changes graph_epoch();
+// without it (and with the same launch sequence) it does not.
+TEST(CudaAttention, QueryCountChangesTheGraphEpochWithQByTma) {
+  SKIP_WITHOUT_GPU();
+  const AttnShape s{16, 1, 128};
+  const KvTree a = tree_from_levels(std::vector<int64_t>{1, 8}, std::vector<int64_t>{100, 20});
+  KvTree b = a;
+  b.add_query(0);  // one more query, at the root
+  const Plan pa = make_plan(a, s, kVariants[0]), pb = make_plan(b, s, kVariants[0]);
+  for (const int tma_q : {0, 1}) {
+    CudaTreeAttentionOptions opt;
+    opt.deep_ring = 0;
+    opt.use_tma = 1;
+    opt.use_tma_q = tma_q;
+    opt.warp_unit_max_kv = 0;
+    CudaTreeAttention att(s, KvDType::kF16, 0.0f, opt);
+    att.upload(pa, a);
+    const uint64_t e0 = att.graph_epoch();
+    att.upload(pa, a);
+    EXPECT_EQ(att.graph_epoch(), e0) << "tma_q " << tma_q;
+    att.upload(pb, b);
+    if (tma_q == 1) {
+      EXPECT_NE(att.graph_epoch(), e0);
+    } else {
+      EXPECT_EQ(att.graph_epoch(), e0);
+    }
+  }
+}
+#endif
 
 // The per-request baseline (no sharing) on random forests and a level tree.
 TEST(CudaAttention, PerRequestBaseline) {

@@ -122,6 +122,7 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   opt.warp_cta_warps = options.warp_cta_warps;
   opt.merge_wide = options.merge_wide;
   opt.use_tma = options.use_tma;
+  opt.use_tma_q = options.use_tma_q;
   opt.deep_ring = options.deep_ring;
   opt.fit_grid = options.fit_grid;
   opt.kv_slots = num_slots;
@@ -153,6 +154,8 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
   }
   FT_CUDA_CHECK(cudaGetLastError());
   FT_CHECK(!options.require_tma || att.num_units() == 0 || att.tma_active(), "cuda_attention: TMA was required but the K/V tiles used cp.async");
+  FT_CHECK(!options.require_tma_q || att.num_units() == 0 || att.tma_q_active(),
+           "cuda_attention: Q by TMA was required but the kernel had no Q maps");
   if (!out.empty()) FT_CUDA_CHECK(cudaMemcpy(out.data(), dout.ptr, out.size() * 4, cudaMemcpyDeviceToHost));
   if (!lse.empty()) FT_CUDA_CHECK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
 }

@@ -50,6 +50,8 @@ struct CudaRunOptions {
   bool kv_head_major = false;    // k / v are uploaded as [Hkv, S, d] (KvLayout::kHeadMajor)
   int use_tma = -1;              // CudaTreeAttentionOptions::use_tma
   bool require_tma = false;      // throw unless the run loaded its full tiles by TMA (tma_active())
+  int use_tma_q = -1;            // CudaTreeAttentionOptions::use_tma_q
+  bool require_tma_q = false;    // throw unless the run's Q maps were in use (tma_q_active())
   int deep_ring = -1;            // CudaTreeAttentionOptions::deep_ring
   int fit_grid = -1;             // CudaTreeAttentionOptions::fit_grid
 };

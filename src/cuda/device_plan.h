@@ -35,8 +35,12 @@ struct BlockDesc {
                         // row_groups_of); bits 8-15: the tile the unit starts at (0 .. 63; its tiles
                         // run from there to the last and on from tile 0; upload() sets it only where
                         // the tile table describes every tile, tile_rotation in tile_slots.h, and the
-                        // producer applies it only with the table and TMA)
+                        // producer applies it only with the table and TMA); bit 16 (kQRunBit):
+                        // the rows are whole consecutive queries (row r = query q0 + r / g, head
+                        // r % g of the kv head's group; row0 % g == 0), so the kernels with Q slots
+                        // load them as one TMA box per 64 columns (TreeAttnParams::tma_q64 / q16)
 };
+inline constexpr int32_t kQRunBit = 1 << 16;
 static_assert(sizeof(BlockDesc) == 32);
 
 // Row groups of a block of `rows` rows: 1 up to 16 rows (mma.sync, the 4 warps splitting each tile
@@ -193,6 +197,13 @@ struct TreeAttnParams {
   TmaDesc tma_k8;
   TmaDesc tma_v8;
   int use_tma;
+  // The queries as a 3-d tensor (d, query head, query) with 64-column x g-head boxes of 64 / g
+  // (tma_q64) and 16 / g (tma_q16) queries: the Q rows of a block with BlockDesc kQRunBit, up to
+  // 64 rows (16 rows: tma_q16), straight into its Q slot. use_tma_q: bit 0 tma_q64 valid, bit 1
+  // tma_q16 valid (0: cp.async only).
+  TmaDesc tma_q64;
+  TmaDesc tma_q16;
+  int use_tma_q;
 
   const void* q;
   const void* k;

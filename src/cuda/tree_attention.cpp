@@ -113,6 +113,14 @@ struct CudaTreeAttention::Impl {
   mutable const void* tma_k_base = nullptr;
   mutable const void* tma_v_base = nullptr;
   mutable bool tma_ok = false;
+  // Q by TMA (blocks of whole consecutive queries, kernels with Q slots; resolved FT_TMA_Q, default
+  // on): the maps for the last q / query count run() saw, and which of them encoded (bits as
+  // TreeAttnParams::use_tma_q).
+  bool use_tma_q = true;
+  mutable TmaDesc tma_q64{}, tma_q16{};
+  mutable const void* tma_q_base = nullptr;
+  mutable int tma_q_queries = -1;
+  mutable int tma_q_ok = 0;
   mutable TmaDesc tma_k{}, tma_v{}, tma_k16{}, tma_v16{}, tma_k8{}, tma_v8{};
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
@@ -147,6 +155,7 @@ struct CudaTreeAttention::Impl {
   uint64_t epoch = 1;
   bool last_has_units = false, last_has_merge = false, last_has_warp = false, last_merge_wide = false;
   int last_launch_grid = 0;
+  int64_t last_num_queries = -1;
 
   void free_all() {
     if (upload_pending && upload_done != nullptr) (void)cudaEventSynchronize(upload_done);
@@ -245,6 +254,7 @@ CudaTreeAttention::CudaTreeAttention(const AttnShape& shape, KvDType dtype, floa
   m.merge_pdl = env_or(options.merge_pdl, "FT_MERGE_PDL", 1) != 0;
   m.merge_wide_opt = env_or(options.merge_wide, "FT_MERGE_WIDE", -1);
   m.use_tma = env_or(options.use_tma, "FT_TMA", 1) != 0;
+  m.use_tma_q = m.use_tma && env_or(options.use_tma_q, "FT_TMA_Q", 1) != 0;
   m.min_row_groups = shape.head_dim <= 128 ? env_or(-1, "FT_MIN_ROW_GROUPS", 1) : 1;
   m.rotate_mode = env_or(-1, "FT_ROTATE_TILES", kRotatePhysical);
   FT_CHECK(m.rotate_mode >= kRotateOff && m.rotate_mode <= kRotatePhysical,
@@ -553,6 +563,12 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
       fill_tile_slots(rec, rb, runs + rec.desc.seg_end);
       if (it.priv_count > 0 && rotate)  // the producer ignores it without the tile table or TMA
         rec.desc.row_groups |= tile_rotation(rec, b - 1) << 8;
+      if (64 % g == 0 && row0 % g == 0) {  // whole consecutive queries: Q by TMA where the kernel can
+        const int32_t j0 = row0 / g, j1 = (row0 + nr - 1) / g, q0 = plan.vnode_queries[it.q_begin + j0];
+        bool consecutive = true;
+        for (int32_t j = j0 + 1; j <= j1 && consecutive; ++j) consecutive = plan.vnode_queries[it.q_begin + j] == q0 + (j - j0);
+        if (consecutive) rec.desc.row_groups |= kQRunBit;
+      }
       for (int32_t r = 0; r < nr; ++r) {
         const int32_t j = (row0 + r) / g;  // query of the item's tile
         const int32_t q = plan.vnode_queries[it.q_begin + j];
@@ -596,8 +612,10 @@ void CudaTreeAttention::upload(const Plan& plan, const KvTree& tree, CUstream_st
   const bool has_units = m.num_main_units > 0, has_merge = m.num_merge > 0,
              has_warp = m.num_units > m.num_main_units;
   if (has_units != m.last_has_units || has_merge != m.last_has_merge || has_warp != m.last_has_warp ||
-      m.merge_wide != m.last_merge_wide || m.launch_grid != m.last_launch_grid)
+      m.merge_wide != m.last_merge_wide || m.launch_grid != m.last_launch_grid ||
+      (m.use_tma_q && !m.deep_ring && nq != m.last_num_queries))  // the Q maps span the queries
     ++m.epoch;
+  m.last_num_queries = nq;
   m.last_launch_grid = m.launch_grid;
   m.last_merge_wide = m.merge_wide;
   m.last_has_units = has_units;
@@ -659,6 +677,22 @@ void CudaTreeAttention::run(const void* q, const void* k, const void* v, float* 
         p.tma_v8 = m.tma_v8;
         p.use_tma = 1;
       }
+      if (m.use_tma_q && !m.deep_ring) {
+        if (q != m.tma_q_base || m.num_queries != m.tma_q_queries) {
+          const bool bf16 = m.dtype == KvDType::kBF16;
+          const int g = m.shape.gqa();
+          m.tma_q_ok = 0;
+          if (64 % g == 0 && encode_q_tma(m.tma_q64, q, bf16, d, m.shape.num_qo_heads, m.num_queries, g, 64 / g))
+            m.tma_q_ok |= 1;
+          if (16 % g == 0 && encode_q_tma(m.tma_q16, q, bf16, d, m.shape.num_qo_heads, m.num_queries, g, 16 / g))
+            m.tma_q_ok |= 2;
+          m.tma_q_base = q;
+          m.tma_q_queries = m.num_queries;
+        }
+        p.tma_q64 = m.tma_q64;
+        p.tma_q16 = m.tma_q16;
+        p.use_tma_q = m.tma_q_ok;
+      }
     }
     const bool has_warp = m.num_units > m.num_main_units, has_main = m.num_main_units > 0;
     if (has_warp && has_main && m.warp_overlap) {
@@ -715,5 +749,8 @@ std::pair<const void*, size_t> CudaTreeAttention::plan_bytes() const {
 }
 bool CudaTreeAttention::warp_overlap() const { return impl_->warp_overlap; }
 bool CudaTreeAttention::tma_active() const { return impl_->use_tma && impl_->tma_ok; }
+bool CudaTreeAttention::tma_q_active() const {
+  return impl_->use_tma_q && !impl_->deep_ring && impl_->tma_q_ok != 0;
+}
 
 }  // namespace fasttree

@@ -19,7 +19,8 @@
 // programmatic dependent, with counts read from device memory; the kernels leave their counters at zero for the
 // next launch, so there is no memset. run() never allocates or synchronizes, so it can be
 // captured in a CUDA graph, and a graph captured once stays valid across uploads as long as
-// graph_epoch() is unchanged (it changes when buffers move or the launch sequence changes).
+// graph_epoch() is unchanged (it changes when buffers move or the launch sequence changes, and,
+// with Q loaded by TMA, when the query count changes).
 // One CudaTreeAttention runs one launch at a time: concurrent run()s of the same object on
 // different streams would share its counters.
 //
@@ -106,6 +107,13 @@ struct CudaTreeAttentionOptions {
   // bytes); 0: cp.async only; < 0: the FT_TMA environment variable if
   // set, else 1. Falls back to cp.async where the pools cannot be described (tma_active()).
   int use_tma = -1;
+  // 1: in the kernels that stage Q in shared memory (all but the 3-stage one), the Q rows of a
+  // block of whole consecutive queries (row r = query q0 + r / g, g dividing 64) are loaded as one
+  // TMA box per 64 columns instead of 16-byte cp.asyncs by the producer warp; other blocks keep
+  // cp.async. 0: cp.async only; < 0: the FT_TMA_Q environment variable if set, else 1. Needs
+  // use_tma. H200 paper suite, two calls: the 16/1 cells 0.7-1.6 % faster (`1 16 64` 16/1 16.2-16.3
+  // -> 15.6-15.7 us), the others unchanged (cuda/PERF_NOTES.md, session 25).
+  int use_tma_q = -1;
   // Tree kernel variant at head_dim 128: 1 = three K/V stages, Q fragments read from global memory
   // at each unit's first tile (no Q slots in shared memory); 0 = two stages with Q staged in
   // shared memory; < 0: the FT_DEEP_RING environment variable if set, else 1 below GQA
@@ -171,6 +179,9 @@ class CudaTreeAttention {
   // Whether the last run() loaded K/V tiles by TMA where it could (FT_TMA != 0 and the pools'
   // descriptors encoded); false before the first run().
   bool tma_active() const;
+  // Whether the last run() had Q maps for the blocks of whole consecutive queries (use_tma_q, the
+  // kernel staging Q in shared memory, the maps encoded); false before the first run().
+  bool tma_q_active() const;
   // Diagnostics: the device plan arena's bytes in use (what run() reads of the plan).
   std::pair<const void*, size_t> plan_bytes() const;
 

@@ -210,8 +210,10 @@ struct Producer {
     }
   }
 
-  // Q rows of unit c into Q slot `qslot`, plus the slot's row tables.
-  __device__ void issue_q(const UnitCtx& c, int qslot) const {
+  // Q rows of unit c into Q slot `qslot`, plus the slot's row tables. The copies complete on
+  // stage `stage`'s full barrier (the unit's first tile): cp.async, or for a block of whole
+  // consecutive queries (kQRunBit) one TMA box per 64 columns raised on it by lane 0.
+  __device__ void issue_q(const UnitCtx& c, int qslot, int stage) const {
     const T* qg = static_cast<const T*>(p.q);
     const uint32_t sq = smem_addr(s.q + static_cast<size_t>(qslot) * Cfg::kQSlotBytes);
     int* tab = s.row_tab + qslot * Cfg::kM;
@@ -248,6 +250,18 @@ struct Producer {
         }
       }
       return;
+    }
+    if ((c.d.row_groups & kQRunBit) != 0 && p.use_tma_q != 0) {
+      const bool small = c.d.rows <= 16 && (p.use_tma_q & 2) != 0;
+      if (small || (p.use_tma_q & 1) != 0) {
+        if (lane == 0) {
+          const void* map = small ? &p.tma_q16 : &p.tma_q64;
+          mbar_expect_tx(&s.full[stage], (small ? 16u : 64u) * D * sizeof(T));
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb) tma_load_3d(sq + cb * (64 * 64 * 2), map, cb * 64, c.kvh * p.gqa, c.q[0], &s.full[stage]);
+        }
+        return;
+      }
     }
     const int fill = (c.d.rows + 15) & ~15;
 #pragma unroll 2
@@ -563,7 +577,7 @@ struct Producer {
         // BlockDesc::row_groups bits 8-15: the unit's first tile. Without the tile table (d = 64)
         // or TMA (descriptors that did not encode at run time) every tile takes the forward-only
         // run search: in order, then.
-        rot = Cfg::kRecTiles > 0 && p.use_tma ? a.d.row_groups >> 8 : 0;
+        rot = Cfg::kRecTiles > 0 && p.use_tma ? (a.d.row_groups >> 8) & 0xff : 0;
       }
 #if FT_TRACE
       c1 = clock64();
@@ -577,7 +591,7 @@ struct Producer {
       const int count = min(kN, a.d.kv_len - pt_idx * kN);
       const int tma_slot = p.use_tma && pt_idx < Cfg::kRecTiles ? tile_slots[pt_idx] : -1;
       const int qslot = seq % Cfg::kStages;
-      if (t == 0) issue_q(a, qslot);
+      if (t == 0) issue_q(a, qslot, stage);
       if (FT_TRACE && seq == 0 && t == 0 && lane == 0) trace_mark(p.trace, kTraceTree, kTrFirstQ);
 #if FT_TRACE
       c1 = clock64();
