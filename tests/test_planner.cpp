@@ -354,6 +354,39 @@ TEST(Planner, NarrowModeForSmallTreesOfShortPaths) {
       Error);
 }
 
+// Narrow mode's wide tiles: 32-row tiles at GQA <= 4 where they still number >= 1.8 x num_sms (the
+// paper's `1 256 / 256 32` tree: 256 queries x 32 heads / 32 = 256 tiles >= 237.6), else 16-row ones.
+TEST(Planner, NarrowModeWideTilesWhereTheyFillTheSms) {
+  const auto rows_of = [](const KvTree& t, const AttnShape& s, const PlannerConfig& c) {
+    Plan p;
+    Planner(c).build(t, s, p);
+    validate_plan(p, t);
+    EXPECT_EQ(p.num_tile_classes, 1);
+    for (const PlanItem& it : p.items) EXPECT_LE(it.q_count * s.gqa(), p.tile_classes[0].q_rows);
+    EXPECT_EQ(p.num_partial_rows, 0);  // one round of direct tiles either way
+    return p.tile_classes[0].q_rows;
+  };
+  const KvTree t = root_with_leaves(256, 256, 32);
+  const PlannerConfig cfg;
+  EXPECT_EQ(rows_of(t, AttnShape{32, 8, 128}, cfg), 32);   // GQA 4: 8 queries per tile
+  EXPECT_EQ(rows_of(t, AttnShape{32, 32, 128}, cfg), 32);  // GQA 1
+  EXPECT_EQ(rows_of(t, AttnShape{16, 1, 128}, cfg), 16);   // GQA 16 > narrow_wide_max_gqa
+  EXPECT_EQ(rows_of(root_with_leaves(256, 64, 32), AttnShape{32, 8, 128}, cfg), 16);  // 64 tiles < 237.6
+  PlannerConfig c = cfg;
+  c.num_sms = 200;  // 256 < 1.8 x 200
+  EXPECT_EQ(rows_of(t, AttnShape{32, 8, 128}, c), 16);
+  c = cfg;
+  c.narrow_wide_rows = 0;  // off
+  EXPECT_EQ(rows_of(t, AttnShape{32, 8, 128}, c), 16);
+  c = cfg;
+  c.narrow_wide_max_gqa = 16;
+  c.narrow_wide_min_waves = 0.9;  // 16/1: 128 tiles >= 118.8
+  EXPECT_EQ(rows_of(t, AttnShape{16, 1, 128}, c), 32);
+  c = cfg;
+  c.narrow_wide_min_waves = -1;
+  EXPECT_THROW(Planner{c}, Error);
+}
+
 // Narrow tiles are split only while they fill fewer than narrow_split_max_waves x num_sms: the
 // paper's `1 2 64 / 8 256 32` tree at 32/8 is 64 x 32 / 16 = 128 tiles of 296-token paths.
 TEST(Planner, NarrowModeSplitsOnlyFewTiles) {

@@ -68,6 +68,12 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
                  "Fold into tiles of at most --fold-min-rows rows only with this many private tokens per tile");
   cmd.add_option("--narrow-max-path", opt.narrow_max_path,
                  "Narrow mode (16-row query tiles for small trees): longest query path it takes (0 = off)");
+  cmd.add_option("--narrow-rows", opt.narrow_rows, "Narrow mode: query rows per tile (16, 32 or 64)");
+  cmd.add_option("--narrow-wide-rows", opt.narrow_wide_rows,
+                 "Narrow mode: wider query tiles (0 = off, else 32 or 64) where they still fill the SMs");
+  cmd.add_option("--narrow-wide-max-gqa", opt.narrow_wide_max_gqa, "Narrow mode: wide tiles only up to this GQA ratio");
+  cmd.add_option("--narrow-wide-min-waves", opt.narrow_wide_min_waves,
+                 "Narrow mode: wide tiles only when they number at least this many per SM");
   cmd.add_option("--narrow-max-waves", opt.narrow_max_waves, "Narrow mode: at most this many 16-row tiles of query rows per SM");
   cmd.add_option("--narrow-split-max-waves", opt.narrow_split_max_waves,
                  "Narrow mode: split contexts only when the tiles fill fewer than this many per SM");
@@ -117,6 +123,23 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
   if (opt.narrow_max_path) {
     FT_CHECK(*opt.narrow_max_path >= 0 && *opt.narrow_max_path <= (int64_t{1} << 40), "--narrow-max-path must be in [0, 2^40]");
     cfg.narrow_max_path = *opt.narrow_max_path;
+  }
+  if (opt.narrow_rows) {
+    FT_CHECK(*opt.narrow_rows == 16 || *opt.narrow_rows == 32 || *opt.narrow_rows == 64, "--narrow-rows must be 16, 32 or 64");
+    cfg.narrow_rows = *opt.narrow_rows;
+  }
+  if (opt.narrow_wide_rows) {
+    FT_CHECK(*opt.narrow_wide_rows == 0 || *opt.narrow_wide_rows == 32 || *opt.narrow_wide_rows == 64,
+             "--narrow-wide-rows must be 0, 32 or 64");
+    cfg.narrow_wide_rows = *opt.narrow_wide_rows;
+  }
+  if (opt.narrow_wide_max_gqa) {
+    FT_CHECK(*opt.narrow_wide_max_gqa >= 0 && *opt.narrow_wide_max_gqa <= 1024, "--narrow-wide-max-gqa must be in [0, 1024]");
+    cfg.narrow_wide_max_gqa = *opt.narrow_wide_max_gqa;
+  }
+  if (opt.narrow_wide_min_waves) {
+    FT_CHECK(*opt.narrow_wide_min_waves >= 0 && *opt.narrow_wide_min_waves <= 1000, "--narrow-wide-min-waves must be in [0, 1000]");
+    cfg.narrow_wide_min_waves = *opt.narrow_wide_min_waves;
   }
   if (opt.mid_class_rows) {
     FT_CHECK(*opt.mid_class_rows >= 0 && *opt.mid_class_rows <= 4096, "--mid-class-rows must be in [0, 4096]");

@@ -43,6 +43,10 @@ struct PlannerOptions {
   std::optional<int> fold_narrow_tokens;
   std::optional<double> fold_min_waves;
   std::optional<int64_t> narrow_max_path;
+  std::optional<int> narrow_rows;
+  std::optional<int> narrow_wide_rows;
+  std::optional<int> narrow_wide_max_gqa;
+  std::optional<double> narrow_wide_min_waves;
   std::optional<double> narrow_max_waves;
   std::optional<double> narrow_split_max_waves;
   std::optional<int> mid_class_rows;

@@ -111,6 +111,17 @@ struct PlannerConfig {
   // halves + merge 19.2 us, unsplit 392-token tiles 17.6 us; at 16/1 its 64 tiles still gain from
   // splitting, 13.3 vs 13.9; H200, src/cuda/PERF_NOTES.md session 17).
   double narrow_split_max_waves = 0.75;
+  // Narrow mode's wide tiles: at GQA <= narrow_wide_max_gqa, when tiles of narrow_wide_rows rows
+  // still number at least narrow_wide_min_waves x num_sms, narrow mode uses them instead of
+  // narrow_rows-row tiles: each shared prefix is re-read by half as many tiles, and on the H200
+  // such blocks run as 64-row wgmma tiles (GQA < 8) instead of a 16-row mma.sync chain. H200 paper
+  // suite, fp16: `1 256`, `1 4 256` and `1 4 8 256` 13-16 % faster at 32/8 and 2-8 % at 32/32; with
+  // fewer tiles (`1 2 64`: 64 tiles of 32 rows) 13-27 % slower and at GQA 16 (two queries per tile,
+  // 128 tiles) 2-13 % slower, hence both conditions (src/cuda/PERF_NOTES.md, session 25).
+  // narrow_wide_rows = 0: off.
+  int32_t narrow_wide_rows = 32;
+  int32_t narrow_wide_max_gqa = 4;
+  double narrow_wide_min_waves = 1.8;
   // At GQA >= mid_class_min_gqa the plan also gets a tile class of mid_class_rows query rows (when
   // the configured classes have none and a slot is free). Off by default since the kernel's tile
   // table took the run search out of the producer: with 32-row tiles at GQA 4 the suite measured

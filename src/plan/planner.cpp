@@ -113,6 +113,8 @@ void check_config(const PlannerConfig& c) {
   FT_CHECK(c.narrow_rows >= 1 && c.narrow_max_path >= 0 && c.narrow_max_waves >= 0 && c.narrow_split_max_waves >= 0,
            "planner: narrow_rows must be >= 1, narrow_max_path, narrow_max_waves and narrow_split_max_waves >= 0");
   FT_CHECK(c.mid_class_rows >= 0 && c.mid_class_min_gqa >= 1, "planner: mid_class_rows must be >= 0, mid_class_min_gqa >= 1");
+  FT_CHECK(c.narrow_wide_rows >= 0 && c.narrow_wide_max_gqa >= 0 && c.narrow_wide_min_waves >= 0,
+           "planner: narrow_wide_rows, narrow_wide_max_gqa and narrow_wide_min_waves must be >= 0");
 }
 
 
@@ -134,12 +136,21 @@ void Planner::build(const KvTree& tree, const AttnShape& shape, Plan& plan) {
   }
   const double narrow_tiles = narrow_mode_tiles(tree, shape);
   if (narrow_tiles >= 0) {
-    cfg_.tile_classes = {{{config_.narrow_rows, kDefaultKvTile}, {0, 0}, {0, 0}, {0, 0}}};
+    // Wide tiles where they still fill the SMs (PlannerConfig::narrow_wide_rows).
+    int32_t rows = config_.narrow_rows;
+    double tiles = narrow_tiles;
+    const double wide_tiles = narrow_tiles * config_.narrow_rows / std::max(1, config_.narrow_wide_rows);
+    if (config_.narrow_wide_rows > rows && g <= config_.narrow_wide_max_gqa &&
+        wide_tiles >= config_.narrow_wide_min_waves * config_.num_sms) {
+      rows = config_.narrow_wide_rows;
+      tiles = wide_tiles;
+    }
+    cfg_.tile_classes = {{{rows, kDefaultKvTile}, {0, 0}, {0, 0}, {0, 0}}};
     cfg_.num_tile_classes = 1;
     cfg_.fold_min_waves = 0;
     // A round of tiles that already occupies most SMs: splitting would add partial rows and a
     // merge for little gain.
-    cfg_.split = config_.split && narrow_tiles < config_.narrow_split_max_waves * config_.num_sms;
+    cfg_.split = config_.split && tiles < config_.narrow_split_max_waves * config_.num_sms;
   }
   plan.num_queries = tree.num_queries();
   plan.num_qo_heads = shape.num_qo_heads;
