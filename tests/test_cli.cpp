@@ -147,6 +147,9 @@ TEST_F(Cli, MalformedTreesAndOptions) {
   expect_error("plan --levels 1,4 --lens 10,5 --narrow-max-waves -2", "--narrow-max-waves");
   expect_error("plan --levels 1,4 --lens 10,5 --narrow-split-max-waves -1", "--narrow-split-max-waves");
   expect_error("plan --levels 1,4 --lens 10,5 --mid-class-rows -3", "--mid-class-rows");
+  expect_error("plan --levels 1,4 --lens 10,5 --narrow-rows 20", "--narrow-rows");
+  expect_error("plan --levels 1,4 --lens 10,5 --narrow-wide-rows 48", "--narrow-wide-rows");
+  expect_error("plan --levels 1,4 --lens 10,5 --narrow-wide-min-waves -1", "--narrow-wide-min-waves");
   expect_error("plan", "give a tree");
   expect_error("gen-tree --random --depth 0", "--depth");
   // Without a usable GPU (CI): one line naming the device error. With one these commands run the
