@@ -1,5 +1,7 @@
 #include "apps/cli_common.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/tree_gen.h"
 #include "core/tree_io.h"
@@ -81,6 +83,18 @@ void add_planner_options(CLI::App& cmd, PlannerOptions& opt) {
                  "Tile class of this many query rows added at GQA >= 4 (default 0 = off; --tile-rows turns it off)");
 }
 
+namespace {
+
+// A given flag's value into `out`, after checking lo <= value <= hi.
+template <class T, class Out>
+void in_range(const std::optional<T>& value, T lo, T hi, const char* flag, Out& out) {
+  if (!value) return;
+  FT_CHECK(*value >= lo && *value <= hi, fmt::format("{} must be in [{}, {}], got {}", flag, lo, hi, *value));
+  out = static_cast<Out>(*value);
+}
+
+}  // namespace
+
 PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base) {
   PlannerConfig cfg = base;
   cfg.edges = opt.edges == "zero" ? EdgePolicy::kAllZero : opt.edges == "one" ? EdgePolicy::kAllOne : EdgePolicy::kGreedy;
@@ -103,27 +117,13 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
     FT_CHECK(*opt.split_waves > 0 && *opt.split_waves <= 1000, "--split-waves must be in (0, 1000]");
     cfg.split_waves = *opt.split_waves;
   }
-  if (opt.fold_max) {
-    FT_CHECK(*opt.fold_max >= 0 && *opt.fold_max <= kMaxFoldTokens,
-             "--fold-max must be in [0, " + std::to_string(kMaxFoldTokens) + "]");
-    cfg.fold_max = *opt.fold_max;
-  }
-  if (opt.fold_min_rows) {
-    FT_CHECK(*opt.fold_min_rows >= 0 && *opt.fold_min_rows <= 4096, "--fold-min-rows must be in [0, 4096]");
-    cfg.fold_min_rows = *opt.fold_min_rows;
-  }
-  if (opt.fold_narrow_tokens) {
-    FT_CHECK(*opt.fold_narrow_tokens >= 0 && *opt.fold_narrow_tokens <= (1 << 20), "--fold-narrow-tokens must be in [0, 2^20]");
-    cfg.fold_narrow_tokens = *opt.fold_narrow_tokens;
-  }
-  if (opt.fold_min_waves) {
-    FT_CHECK(*opt.fold_min_waves >= 0 && *opt.fold_min_waves <= 1000, "--fold-min-waves must be in [0, 1000]");
-    cfg.fold_min_waves = *opt.fold_min_waves;
-  }
-  if (opt.narrow_max_path) {
-    FT_CHECK(*opt.narrow_max_path >= 0 && *opt.narrow_max_path <= (int64_t{1} << 40), "--narrow-max-path must be in [0, 2^40]");
-    cfg.narrow_max_path = *opt.narrow_max_path;
-  }
+  in_range(opt.fold_max, 0, kMaxFoldTokens, "--fold-max", cfg.fold_max);
+  in_range(opt.fold_min_rows, 0, 4096, "--fold-min-rows", cfg.fold_min_rows);
+  in_range(opt.fold_narrow_tokens, 0, 1 << 20, "--fold-narrow-tokens", cfg.fold_narrow_tokens);
+  in_range(opt.fold_min_waves, 0.0, 1000.0, "--fold-min-waves", cfg.fold_min_waves);
+  in_range(opt.narrow_max_path, int64_t{0}, int64_t{1} << 40, "--narrow-max-path", cfg.narrow_max_path);
+  in_range(opt.narrow_max_waves, 0.0, 1000.0, "--narrow-max-waves", cfg.narrow_max_waves);
+  in_range(opt.narrow_split_max_waves, 0.0, 1000.0, "--narrow-split-max-waves", cfg.narrow_split_max_waves);
   if (opt.narrow_rows) {
     FT_CHECK(*opt.narrow_rows == 16 || *opt.narrow_rows == 32 || *opt.narrow_rows == 64, "--narrow-rows must be 16, 32 or 64");
     cfg.narrow_rows = *opt.narrow_rows;
@@ -133,27 +133,9 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
              "--narrow-wide-rows must be 0, 32 or 64");
     cfg.narrow_wide_rows = *opt.narrow_wide_rows;
   }
-  if (opt.narrow_wide_max_gqa) {
-    FT_CHECK(*opt.narrow_wide_max_gqa >= 0 && *opt.narrow_wide_max_gqa <= 1024, "--narrow-wide-max-gqa must be in [0, 1024]");
-    cfg.narrow_wide_max_gqa = *opt.narrow_wide_max_gqa;
-  }
-  if (opt.narrow_wide_min_waves) {
-    FT_CHECK(*opt.narrow_wide_min_waves >= 0 && *opt.narrow_wide_min_waves <= 1000, "--narrow-wide-min-waves must be in [0, 1000]");
-    cfg.narrow_wide_min_waves = *opt.narrow_wide_min_waves;
-  }
-  if (opt.mid_class_rows) {
-    FT_CHECK(*opt.mid_class_rows >= 0 && *opt.mid_class_rows <= 4096, "--mid-class-rows must be in [0, 4096]");
-    cfg.mid_class_rows = *opt.mid_class_rows;
-  }
-  if (opt.narrow_max_waves) {
-    FT_CHECK(*opt.narrow_max_waves >= 0 && *opt.narrow_max_waves <= 1000, "--narrow-max-waves must be in [0, 1000]");
-    cfg.narrow_max_waves = *opt.narrow_max_waves;
-  }
-  if (opt.narrow_split_max_waves) {
-    FT_CHECK(*opt.narrow_split_max_waves >= 0 && *opt.narrow_split_max_waves <= 1000,
-             "--narrow-split-max-waves must be in [0, 1000]");
-    cfg.narrow_split_max_waves = *opt.narrow_split_max_waves;
-  }
+  in_range(opt.narrow_wide_max_gqa, 0, 1024, "--narrow-wide-max-gqa", cfg.narrow_wide_max_gqa);
+  in_range(opt.narrow_wide_min_waves, 0.0, 1000.0, "--narrow-wide-min-waves", cfg.narrow_wide_min_waves);
+  in_range(opt.mid_class_rows, 0, 4096, "--mid-class-rows", cfg.mid_class_rows);
   if (!opt.tile_rows.empty()) {
     const auto rows = parse_int_list(opt.tile_rows, "--tile-rows");
     FT_CHECK(!rows.empty() && rows.size() <= static_cast<size_t>(kMaxTileClasses),
