@@ -45,7 +45,7 @@ struct BenchCmd {
   std::string only;  // substring filter on the cell name
   std::string kv_layout = "slot";  // slot: [S, Hkv, d]; head: [Hkv, S, d]
   bool diag = false;  // also time an empty launch once and each FastTree plan without its merge
-  bool no_flush = false;  // diagnostics: no L2 flush before the timed runs (inputs and code stay cached)
+  std::string l2 = "rotate";  // L2 state at each timed run's start (cuda/backend.h L2Mode)
   bool fasttree_only = false;  // sweeps: time only the FastTree plan (baseline and ablation columns NaN)
 };
 
@@ -133,6 +133,7 @@ std::string spaced(const std::string& commas) {
 }
 
 void run_bench(const BenchCmd& c) {
+  const L2Mode l2_mode = parse_l2_mode(c.l2);
   FT_CHECK(cuda_backend_built(), "fasttree bench needs the CUDA backend: this binary was built without nvcc");
   FT_CHECK(cuda_device_count() > 0, "fasttree bench: no CUDA device found");
   std::vector<Cell> cells;
@@ -160,9 +161,11 @@ void run_bench(const BenchCmd& c) {
     std::fputs("nodes_per_level,context_per_level,num_qo_heads,num_kv_heads,head_dim,dtype,queries,unique_kv_tokens,"
                "sum_path_len,fasttree_us,fasttree_nograph_us,per_request_us,no_greedy_us,no_split_us,floor_us,"
                "fasttree_over_floor,eff_bandwidth_tbs,best_anchor_us,speedup_vs_best_anchor,fasttree_triton_us,"
-               "sdpa_flash_us,pat_us,plan_us,max_rel_err,commit\n",
+               "sdpa_flash_us,pat_us,plan_us,max_rel_err,commit,l2_mode,fasttree_dirty_flush_us\n",
                csv);
   }
+  fmt::print("timings: median of {} runs ({}, CUDA events) after {} warm-up runs, L2 mode {}\n", c.iters,
+             c.no_graph ? "plain launches" : "graph replays", c.warmup, c.l2);
   fmt::print("{:<34} {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>7} {:>8} {:>8}\n", "tree (levels | lens)", "heads",
              "dt", "fasttree", "per-req", "no-greedy", "no-split", "floor", "x", "TB/s", "best-anc", "rel-err");
   if (c.diag) {
@@ -170,7 +173,7 @@ void run_bench(const BenchCmd& c) {
     t.iters = c.iters;
     t.warmup = c.warmup;
     t.use_graph = !c.no_graph;
-    t.flush_l2 = !c.no_flush;
+    t.l2 = l2_mode;
     fmt::print("diag: empty kernel in this harness: {:.1f} us (1 CTA), {:.1f} us (264 CTAs)\n",
                cuda_time_empty_launch(1, t).median_us, cuda_time_empty_launch(264, t).median_us);
   }
@@ -203,7 +206,7 @@ void run_bench(const BenchCmd& c) {
       topt.iters = c.iters;
       topt.warmup = c.warmup;
       topt.use_graph = !c.no_graph;
-      topt.flush_l2 = !c.no_flush;
+      topt.l2 = l2_mode;
       topt.kv_head_major = c.kv_layout == "head";
       const double ft = cuda_time_plan(plan, cell.tree, cell.shape, dt, topt).median_us;
       const bool all = !c.fasttree_only;
@@ -213,6 +216,11 @@ void run_bench(const BenchCmd& c) {
       CudaTimingOptions topt_ng = topt;
       topt_ng.use_graph = false;
       const double ft_nograph = all ? cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_ng).median_us : NAN;
+      // The harness of the first twenty-six sessions (a memset flush), for comparison with their
+      // figures and with the anchors.
+      CudaTimingOptions topt_dirty = topt;
+      topt_dirty.l2 = L2Mode::kDirtyFlush;
+      const double ft_dirty = !all ? NAN : l2_mode == L2Mode::kDirtyFlush ? ft : cuda_time_plan(plan, cell.tree, cell.shape, dt, topt_dirty).median_us;
       if (c.diag) {
         CudaTimingOptions topt_nm = topt;
         topt_nm.skip_merge = true;
@@ -243,12 +251,12 @@ void run_bench(const BenchCmd& c) {
                  ft / floor, bw, cell.best_anchor_us, err, ok ? "" : "  FAIL");
       std::fflush(stdout);
       if (csv) {
-        std::fprintf(csv, "%s,%s,%d,%d,%d,%s,%d,%lld,%lld,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.1f,%.3f,%.1f,%.1f,%.1f,%.1f,%.2e,%s\n",
+        std::fprintf(csv, "%s,%s,%d,%d,%d,%s,%d,%lld,%lld,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.1f,%.3f,%.1f,%.1f,%.1f,%.1f,%.2e,%s,%s,%.2f\n",
                      cell.nodes_per_level.c_str(), cell.context_per_level.c_str(), cell.shape.num_qo_heads,
                      cell.shape.num_kv_heads, cell.shape.head_dim, dname, cell.tree.num_queries(),
                      static_cast<long long>(ts.unique_tokens), static_cast<long long>(ts.sum_path_len), ft, ft_nograph, pr,
                      ng, ns, floor, ft / floor, bw, cell.best_anchor_us, cell.best_anchor_us / ft, cell.triton_us,
-                     cell.sdpa_us, cell.pat_us, plan_us, err, c.commit.c_str());
+                     cell.sdpa_us, cell.pat_us, plan_us, err, c.commit.c_str(), c.l2.c_str(), ft_dirty);
         std::fflush(csv);
       }
     }
@@ -281,7 +289,12 @@ void register_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
   cmd->add_flag("--fasttree-only", c->fasttree_only, "Time only the FastTree plan (no baseline or ablations: planner sweeps)");
-  cmd->add_flag("--no-flush", c->no_flush, "Diagnostics: do not flush the L2 cache before each timed run");
+  cmd->add_option("--l2", c->l2,
+                  "L2 state at each timed run's start: rotate (rotated input copies: inputs cold, code cached), clean "
+                  "(256 MB read first), dirty (256 MB memset first: the timed run also pays ~50 MB of write-backs), warm "
+                  "(diagnostics: nothing flushed)")
+      ->check(CLI::IsMember({"rotate", "clean", "dirty", "warm"}))
+      ->capture_default_str();
   cmd->add_flag("--diag", c->diag, "Also time an empty kernel in the same harness, and each FastTree plan without its merge");
   cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
   cmd->add_option("--kv-layout", c->kv_layout, "K/V pool layout: slot ([S, Hkv, d]) or head ([Hkv, S, d], each head's slots contiguous)")

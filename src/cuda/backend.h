@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/attention_shape.h"
@@ -66,13 +67,34 @@ void cuda_attention_per_request(const KvTree& tree, const AttnShape& shape, KvDT
                                 float sm_scale, std::span<float> out, std::span<float> lse,
                                 const CudaRunOptions& options = {});
 
-// Timing of one attention call on device-resident random inputs (CUDA events; the L2 cache is
-// flushed by writing a 256 MB buffer before every timed run). Times in microseconds.
+// Timing of one attention call on device-resident random inputs (CUDA events, median of `iters`
+// runs after `warmup` untimed ones). What the L2 cache holds when each timed run starts:
+enum class L2Mode {
+  // Rotated inputs (the default): as many copies of the inputs (Q, K/V pools, the uploaded plan,
+  // outputs) as it takes for each copy to be re-read only after 4x the L2 capacity of the others'
+  // bytes; no flush. Every input is cold, as in an engine where each layer reads its own K/V; the
+  // kernels' code and parameters stay cached, and the L2 holds clean lines (plus the other copies'
+  // few dirty output rows).
+  kRotate,
+  // A read of a 256 MB buffer before every run: inputs and code cold, L2 clean.
+  kCleanFlush,
+  // A 256 MB memset before every run (the harness up to the twenty-sixth session): inputs and code
+  // cold, and the L2 full of dirty lines whose write-back the timed run pays (~50 MB: 5-12 % of
+  // the bandwidth-bound cells' time on the H200).
+  kDirtyFlush,
+  // Nothing flushed (diagnostics): inputs stay cached from the previous run where they fit.
+  kWarm,
+};
+// "rotate", "clean", "dirty", "warm"; throws on anything else.
+L2Mode parse_l2_mode(const std::string& name);
+const char* l2_mode_name(L2Mode mode);
+
 struct CudaTiming {
   double median_us = 0;
   double min_us = 0;
   int runs = 0;
-  // With CudaTimingOptions::trace in an FT_TRACE build: the marks of one more (flushed) run,
+  int copies = 1;  // copies of the inputs the runs rotated through (L2Mode::kRotate), else 1
+  // With CudaTimingOptions::trace in an FT_TRACE build: the marks of one more run (same L2 mode),
   // [kind][cta][event] as in cuda/device_plan.h (kTraceKinds x kTraceCtas x kTraceEvents ns
   // stamps, 0 = not reached).
   std::vector<uint64_t> trace;
@@ -80,7 +102,7 @@ struct CudaTiming {
 struct CudaTimingOptions {
   int warmup = 10;
   int iters = 50;
-  bool flush_l2 = true;
+  L2Mode l2 = L2Mode::kRotate;
   bool use_graph = false;        // time graph replays instead of plain launches
   bool atomic_scheduler = true;
   bool bulk_copy = false;        // ignored (the bulk-copy kernel variant was removed)
@@ -101,8 +123,8 @@ struct CudaTimingOptions {
 bool cuda_trace_built();
 CudaTiming cuda_time_plan(const Plan& plan, const KvTree& tree, const AttnShape& shape, KvDType dtype,
                           const CudaTimingOptions& options = {});
-// The same harness (flush, events, graph or plain launch) around one empty kernel of `grid` CTAs:
-// what a launch costs in these timings before any work.
+// The same harness (L2 mode, events, graph or plain launch) around one empty kernel of `grid` CTAs:
+// what a launch costs in these timings before any work (kRotate has nothing to rotate: no flush).
 CudaTiming cuda_time_empty_launch(int grid, const CudaTimingOptions& options = {});
 
 }  // namespace fasttree

@@ -61,6 +61,15 @@ int merge_kernel_launch(int head_dim, const MergeParams& params, int grid, CUstr
 // harness itself).
 int empty_kernel_launch(int grid, CUstream_st* stream);
 
+// One thread that sleeps for `ns` nanoseconds (0 .. 10 s) of the GPU's global timer: keeps the
+// stream busy while the host enqueues the timed runs behind it.
+int delay_kernel_launch(int64_t ns, CUstream_st* stream);
+
+// Reads `bytes` (a positive multiple of 16) of `data` once with `grid` CTAs: an L2 flush that leaves
+// only clean lines behind. sink: 16 writable bytes, stored to only when the XOR of all the data
+// equals a fixed 128-bit constant (it keeps the loads from being optimized away).
+int read_flush_launch(const void* data, int64_t bytes, void* sink, int grid, CUstream_st* stream);
+
 // Fills n 16-bit values (dtype) with a deterministic pseudo-random uniform [-1, 1) sequence.
 int fill_uniform_launch(int dtype, void* data, int64_t n, uint64_t seed, CUstream_st* stream);
 
