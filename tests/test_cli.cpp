@@ -152,6 +152,8 @@ TEST_F(Cli, MalformedTreesAndOptions) {
   expect_error("plan --levels 1,4 --lens 10,5 --narrow-wide-min-waves -1", "--narrow-wide-min-waves");
   expect_error("plan", "give a tree");
   expect_error("gen-tree --random --depth 0", "--depth");
+  expect_error("bench --levels 1,4 --lens 10,5 --l2 flush", "--l2");  // parse errors come before any device use
+  expect_error("calibrate --l2 none", "--l2");
   // Without a usable GPU (CI): one line naming the device error. With one these commands run the
   // whole suite (the GPU machine's bench runs cover that), so they are only checked without.
   if (cuda_device_count() == 0) {

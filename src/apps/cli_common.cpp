@@ -150,4 +150,20 @@ PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base)
   return cfg;
 }
 
+void add_l2_option(CLI::App& cmd, std::string& l2) {
+  cmd.add_option("--l2", l2,
+                 "L2 state at each timed run's start: rotate (rotated input copies: inputs cold, code cached), clean "
+                 "(256 MB read first), dirty (256 MB memset first: the timed run also pays ~50 MB of write-backs), warm "
+                 "(diagnostics: nothing flushed)")
+      ->capture_default_str();
+}
+
+L2Mode l2_mode_option(const std::string& l2) {
+  try {
+    return parse_l2_mode(l2);
+  } catch (const Error& e) {
+    FT_FAIL("--l2: " + e.message());
+  }
+}
+
 }  // namespace fasttree

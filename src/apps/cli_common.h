@@ -9,6 +9,7 @@
 
 #include "core/attention_shape.h"
 #include "core/kv_tree.h"
+#include "cuda/backend.h"
 #include "plan/plan.h"
 
 namespace fasttree {
@@ -54,5 +55,10 @@ struct PlannerOptions {
 };
 void add_planner_options(CLI::App& cmd, PlannerOptions& opt);
 PlannerConfig make_planner_config(const PlannerOptions& opt, PlannerConfig base = {});
+
+// --l2 (bench, calibrate): the timing harness's L2 mode by name; checked when the command runs, so
+// that a bad value is a one-line error like the other flags'.
+void add_l2_option(CLI::App& cmd, std::string& l2);
+L2Mode l2_mode_option(const std::string& l2);
 
 }  // namespace fasttree

@@ -133,7 +133,7 @@ std::string spaced(const std::string& commas) {
 }
 
 void run_bench(const BenchCmd& c) {
-  const L2Mode l2_mode = parse_l2_mode(c.l2);
+  const L2Mode l2_mode = l2_mode_option(c.l2);
   FT_CHECK(cuda_backend_built(), "fasttree bench needs the CUDA backend: this binary was built without nvcc");
   FT_CHECK(cuda_device_count() > 0, "fasttree bench: no CUDA device found");
   std::vector<Cell> cells;
@@ -289,12 +289,7 @@ void register_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-graph", c->no_graph, "Time plain launches instead of CUDA graph replays");
   cmd->add_flag("--fasttree-only", c->fasttree_only, "Time only the FastTree plan (no baseline or ablations: planner sweeps)");
-  cmd->add_option("--l2", c->l2,
-                  "L2 state at each timed run's start: rotate (rotated input copies: inputs cold, code cached), clean "
-                  "(256 MB read first), dirty (256 MB memset first: the timed run also pays ~50 MB of write-backs), warm "
-                  "(diagnostics: nothing flushed)")
-      ->check(CLI::IsMember({"rotate", "clean", "dirty", "warm"}))
-      ->capture_default_str();
+  add_l2_option(*cmd, c->l2);
   cmd->add_flag("--diag", c->diag, "Also time an empty kernel in the same harness, and each FastTree plan without its merge");
   cmd->add_option("--only", c->only, "Run only cells whose 'levels|lens' contains this text");
   cmd->add_option("--kv-layout", c->kv_layout, "K/V pool layout: slot ([S, Hkv, d]) or head ([Hkv, S, d], each head's slots contiguous)")

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/cli_common.h"
 #include "apps/commands.h"
 #include "apps/suite.h"
 #include "core/error.h"
@@ -38,6 +39,7 @@ struct CalibrateCmd {
   std::string fold_narrow = "32,128";
   double min_gain = 0.005;  // relative lead over the defaults the winner needs to be written out
   std::string flags_out;  // writes the winner as planner flags for `fasttree bench`
+  std::string l2 = "rotate";  // L2 state at each timed run's start (cuda/backend.h L2Mode)
   bool model_cost = false;  // no GPU: score plans with a bytes + items cost model (tests the search)
 };
 
@@ -145,6 +147,7 @@ void report_by_head_setting(const std::vector<Result>& results, const std::vecto
 }
 
 void run_calibrate(const CalibrateCmd& c) {
+  const L2Mode l2_mode = l2_mode_option(c.l2);
   FT_CHECK(c.model_cost || (cuda_backend_built() && cuda_device_count() > 0),
            "fasttree calibrate needs a CUDA device (or --model-cost to exercise the search without one)");
   const std::vector<SuiteCell> cells = load_suite(c.anchors);
@@ -238,6 +241,7 @@ void run_calibrate(const CalibrateCmd& c) {
                 opt.warmup = 5;
                 opt.use_graph = true;
                 opt.gpu_warmup_ms = 2;
+                opt.l2 = l2_mode;
                 const double us = c.model_cost ? model_time_us(plan, cells[i].shape)
                                                : cuda_time_plan(plan, cells[i].tree, cells[i].shape, dt, opt).median_us;
                 it = timed.emplace(key, us).first;
@@ -306,6 +310,7 @@ void register_calibrate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--flags-out", c->flags_out,
                   "Write the best configuration as planner flags to this file (the defaults when within --min-gain of it)");
+  add_l2_option(*cmd, c->l2);
   cmd->add_flag("--model-cost", c->model_cost, "Score plans with a cost model instead of GPU timings (no GPU needed)");
   cmd->callback([c] { run_calibrate(*c); });
 }
