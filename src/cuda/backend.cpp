@@ -65,21 +65,10 @@ void run_on_device(const Plan& plan, const KvTree& tree, const AttnShape& shape,
     if (!hk.empty()) FT_CUDA_CHECK(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
     if (!hv.empty()) FT_CUDA_CHECK(cudaMemcpy(dv.ptr, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
   }
-  CudaTreeAttentionOptions opt;
-  opt.atomic_scheduler = options.atomic_scheduler;
-  opt.warp_unit_max_kv = options.warp_unit_max_kv;
-  opt.warp_unit_min_units = options.warp_unit_min_units;
-  opt.warp_overlap = options.warp_overlap;
-  opt.warp_staged = options.warp_staged;
-  opt.warp_stages = options.warp_stages;
-  opt.warp_cta_warps = options.warp_cta_warps;
+  CudaTreeAttentionOptions opt = cuda_detail::shared_kernel_options(options, num_slots);
   opt.merge_wide = options.merge_wide;
-  opt.use_tma = options.use_tma;
   opt.use_tma_q = options.use_tma_q;
-  opt.deep_ring = options.deep_ring;
   opt.fit_grid = options.fit_grid;
-  opt.kv_slots = num_slots;
-  if (options.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
   CudaTreeAttention att(shape, dtype, sm_scale, opt);
   att.upload(plan, tree, st.s, num_slots);
   // Poisoned before every repeat, so that a repeat that leaves something unwritten fails too.

@@ -1,12 +1,14 @@
-// Host-side RAII holders of the CUDA backend's entry points and timing harness (cuda/backend.cpp,
-// cuda/timing.cpp): a device buffer, a non-blocking stream, and the executable graph of one
-// captured enqueue. Runtime API only.
+// Host-side helpers of the CUDA backend's entry points and timing harness (cuda/backend.cpp,
+// cuda/timing.cpp): RAII holders of a device buffer, a non-blocking stream and the executable graph
+// of one captured enqueue, and the kernel options both pass on. Runtime API only.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/tree_attention.h"
 
 namespace fasttree::cuda_detail {
 
@@ -59,5 +61,24 @@ struct Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 };
+
+// The kernel knobs that CudaRunOptions and CudaTimingOptions (cuda/backend.h) share, with the K/V
+// pools' size in slots.
+template <class O>
+CudaTreeAttentionOptions shared_kernel_options(const O& o, int64_t kv_slots) {
+  CudaTreeAttentionOptions opt;
+  opt.atomic_scheduler = o.atomic_scheduler;
+  opt.warp_unit_max_kv = o.warp_unit_max_kv;
+  opt.warp_unit_min_units = o.warp_unit_min_units;
+  opt.warp_overlap = o.warp_overlap;
+  opt.warp_staged = o.warp_staged;
+  opt.warp_stages = o.warp_stages;
+  opt.warp_cta_warps = o.warp_cta_warps;
+  opt.use_tma = o.use_tma;
+  opt.deep_ring = o.deep_ring;
+  opt.kv_slots = kv_slots;
+  if (o.kv_head_major) opt.kv_layout = KvLayout::kHeadMajor;
+  return opt;
+}
 
 }  // namespace fasttree::cuda_detail
