@@ -47,14 +47,15 @@ struct L2Prep {
   size_t flush_bytes;
   int grid;
   void operator()(const DeviceBuffer& scratch, int i, cudaStream_t s) const {
-    if (flush_bytes == 0 || mode == L2Mode::kWarm) return;
+    if (mode == L2Mode::kWarm) return;
     if (mode == L2Mode::kDirtyFlush) {
       FT_CUDA_CHECK(cudaMemsetAsync(scratch.ptr, i & 0xff, flush_bytes, s));
-    } else {
-      // The last 16 bytes are the (never written) sink.
-      FT_CUDA_CHECK(cuda_detail::read_flush_launch(scratch.ptr, static_cast<int64_t>(std::min(flush_bytes, kFlushBytes - 16)) & ~int64_t{15},
-                                                   static_cast<char*>(scratch.ptr) + kFlushBytes - 16, grid, s));
+      return;
     }
+    // A read of whole 16-byte words; the last 16 bytes of the buffer are the (never written) sink.
+    const int64_t bytes = static_cast<int64_t>(std::min(flush_bytes, kFlushBytes - 16)) & ~int64_t{15};
+    if (bytes > 0)
+      FT_CUDA_CHECK(cuda_detail::read_flush_launch(scratch.ptr, bytes, static_cast<char*>(scratch.ptr) + kFlushBytes - 16, grid, s));
   }
 };
 
