@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "cuda/cuda_check.h"
 #include "cuda/tree_attention.h"
@@ -61,6 +62,16 @@ struct Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 };
+
+// One launch: a replay of `graph` on `stream` when there is one, else enqueue() itself.
+template <class F>
+void replay_or_enqueue(const std::unique_ptr<Graph>& graph, cudaStream_t stream, F&& enqueue) {
+  if (graph) {
+    FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, stream));
+  } else {
+    enqueue();
+  }
+}
 
 // The kernel knobs that CudaRunOptions and CudaTimingOptions (cuda/backend.h) share, with the K/V
 // pools' size in slots.

@@ -123,13 +123,7 @@ struct TimedCopy {
   TimedCopy(size_t q_bytes, size_t kv_bytes, size_t out_bytes, size_t lse_bytes)
       : q(q_bytes), k(kv_bytes), v(kv_bytes), out(out_bytes), lse(lse_bytes) {}
   void enqueue(cudaStream_t s) const { att->run(q.ptr, k.ptr, v.ptr, out.as<float>(), lse.as<float>(), s); }
-  void launch(cudaStream_t s) const {
-    if (graph) {
-      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, s));
-    } else {
-      enqueue(s);
-    }
-  }
+  void launch(cudaStream_t s) const { cuda_detail::replay_or_enqueue(graph, s, [&] { enqueue(s); }); }
 };
 
 // kRotate: the number of copies that puts kRotateL2Multiple L2 capacities of other copies' bytes
@@ -237,13 +231,7 @@ CudaTiming cuda_time_empty_launch(int grid, const CudaTimingOptions& options) {
   auto enqueue = [&] { FT_CUDA_CHECK(cuda_detail::empty_kernel_launch(grid, st.s)); };
   std::unique_ptr<Graph> graph;
   if (options.use_graph) graph = std::make_unique<Graph>(st.s, enqueue);
-  auto launch = [&] {
-    if (graph) {
-      FT_CUDA_CHECK(cudaGraphLaunch(graph->exec, st.s));
-    } else {
-      enqueue();
-    }
-  };
+  auto launch = [&] { cuda_detail::replay_or_enqueue(graph, st.s, enqueue); };
   CudaTiming result = time_launches(st, scratch, make_prep(options.l2, 0), launch, options, options.warmup);
   result.copies = 1;
   return result;
