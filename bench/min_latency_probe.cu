@@ -1,9 +1,9 @@
 // Microbenchmark: the least time one decode-attention launch takes on this machine when its inputs
 // are cold, for the smallest cells of the paper suite (one query of GQA 16 at d = 128 over 16 or
 // 64 tokens, one KV head). The tree kernel's `fasttree bench --diag` measures such a cell at
-// 8.1 us (16 tokens) against 2.6 us for an empty kernel (PERF_NOTES.md, session 28); this probe
-// says how much of that difference any kernel must pay: a dependent read of the slot table, then
-// the K/V rows it names, Q, the arithmetic and the stores.
+// 8.1-8.2 us (16 tokens) against 2.6-2.8 us for an empty kernel (PERF_NOTES.md, session 28); this
+// probe says how much of that difference the memory system charges any kernel: a dependent read of
+// the slot table, then the K/V rows it names, Q beside them, and the stores.
 //
 // Kernels (one CTA of 128 threads; the memory side only: the attention arithmetic of one 16 x 64
 // tile is a few hundred cycles on tensor cores):
@@ -23,7 +23,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
